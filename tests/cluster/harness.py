@@ -1,0 +1,122 @@
+"""The live test cluster as tests see it: start-or-reuse, submit as any user, wait for states.
+
+Tests never mock Slurm: everything here runs the real client commands against docker-slurm/cluster.sh's cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_SH = REPO / "docker-slurm" / "cluster.sh"
+DEFAULT_ROOT = Path(os.environ.get("SLURM_ELASTIC_CLUSTER_DIR", "/var/tmp/slurm-elastic-cluster"))
+
+
+@dataclass
+class TestCluster:
+    root: Path = DEFAULT_ROOT
+    nodes: list[str] = field(default_factory=lambda: ["n1", "n2", "n3", "n4"])
+    gpus_per_node: int = 4
+
+    __test__ = False  # not a pytest test class
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            SLURM_CONF=str(self.root / "etc" / "slurm.conf"),
+            SLURM_ELASTIC_CLUSTER_DIR=str(self.root),
+            SLURM_ELASTIC_VGPU_DIR=str(self.root / "vgpu"),
+            SLURM_ELASTIC_GPU_MAP_DIR=str(self.root / "gpu-map"),
+        )
+        return env
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.root / "jobs"
+
+    def gpu_device(self, node: str, index: int) -> Path:
+        return self.root / "dev" / node / f"gpu{index}"
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        subprocess.run([str(CLUSTER_SH), "start"], check=True, timeout=600,
+                       env={**os.environ, "SLURM_ELASTIC_CLUSTER_DIR": str(self.root)})
+
+    def is_up(self) -> bool:
+        cp = subprocess.run([str(CLUSTER_SH), "status"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "SLURM_ELASTIC_CLUSTER_DIR": str(self.root)})
+        return cp.returncode == 0
+
+    # --- commands -----------------------------------------------------------------------------------------
+    def run(self, argv: Sequence[str], user: str | None = None, input_text: str | None = None,
+            check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        full = list(argv) if user in (None, "root") else ["runuser", "-u", str(user), "--", *argv]
+        return subprocess.run(full, capture_output=True, text=True, env=self.env, input=input_text,
+                              check=check, timeout=timeout)
+
+    def submit(self, script_text: str, *sbatch_args: str, user: str = "root") -> int:
+        """sbatch the script (stdin) as ``user``; output goes to <root>/jobs/<id>.out."""
+        args = ["sbatch", "--parsable", "--chdir=/tmp", f"--output={self.jobs_dir}/%j.out", *sbatch_args]
+        cp = self.run(args, user=user, input_text=script_text)
+        if cp.returncode != 0:
+            raise RuntimeError(f"sbatch failed ({cp.returncode}): {cp.stderr.strip()}")
+        return int(cp.stdout.strip().split(";")[0])
+
+    def squeue_json(self) -> dict[str, object]:
+        cp = self.run(["squeue", "--all", "--json"], check=True)
+        data: dict[str, object] = json.loads(cp.stdout)
+        return data
+
+    def job_record(self, job_id: int) -> dict[str, object] | None:
+        jobs = self.squeue_json().get("jobs")
+        assert isinstance(jobs, list)
+        for j in jobs:
+            if j.get("job_id") == job_id:
+                return dict(j)
+        return None
+
+    def job_state(self, job_id: int) -> str:
+        """Current state from squeue, falling back to sacct once the job has left the queue."""
+        rec = self.job_record(job_id)
+        if rec is not None:
+            state = rec.get("job_state")
+            return str(state[0] if isinstance(state, list) else state)
+        cp = self.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"])
+        line = cp.stdout.strip().splitlines()
+        return line[0].split()[0] if line else "UNKNOWN"
+
+    def wait_state(self, job_id: int, states: Iterable[str], timeout: float = 60) -> str:
+        wanted = set(states)
+        deadline = time.monotonic() + timeout
+        state = "UNKNOWN"
+        while time.monotonic() < deadline:
+            state = self.job_state(job_id)
+            if state in wanted:
+                return state
+            time.sleep(0.5)
+        raise TimeoutError(f"job {job_id} still {state} after {timeout}s (wanted {sorted(wanted)})")
+
+    def cancel(self, *job_ids: int) -> None:
+        if job_ids:
+            self.run(["scancel", *map(str, job_ids)])
+
+    def wait_nodes_idle(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            cp = self.run(["sinfo", "-h", "-N", "-o", "%N %T"])
+            states = {line.split()[0]: line.split()[1] for line in cp.stdout.splitlines() if line.strip()}
+            if states and all(s == "idle" for s in states.values()):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"nodes not idle after {timeout}s: {cp.stdout.strip()}")
+
+    def cancel_all(self) -> None:
+        for user in ("root", "alice", "bob"):
+            self.run(["scancel", "-u", user])
