@@ -20,7 +20,9 @@ def _count(text: str, whole: str) -> int:
 
 def _split_entries(text: str) -> list[str]:
     """Split on commas that are not inside parentheses: ``gpu:2(IDX:0,2),mps:0``."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "(":
             depth += 1
@@ -40,11 +42,9 @@ def parse_gres(text: str | None) -> tuple[GresCount, ...]:
     if not text or text.strip() in {"N/A", "(null)", "none"}:
         return ()
     result: list[GresCount] = []
-    for entry in _split_entries(text):
-        entry = re.sub(r"\([^()]*\)$", "", entry)  # drop (S:0-1) / (IDX:0-3) details
-        for prefix in ("gres:", "gres/"):
-            if entry.startswith(prefix):
-                entry = entry[len(prefix):]
+    for raw in _split_entries(text):
+        entry = re.sub(r"\([^()]*\)$", "", raw)  # drop (S:0-1) / (IDX:0-3) details
+        entry = entry.removeprefix("gres:").removeprefix("gres/")
         fields = entry.split(":")
         if len(fields) == 1:  # "gpu" alone means one
             name, gtype, count = fields[0], None, 1

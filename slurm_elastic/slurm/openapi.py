@@ -43,7 +43,8 @@ def _obj(doc: Any, what: str) -> Mapping[str, Any]:
 
 
 def parse_meta(doc: Any) -> ReplyMeta:
-    meta = _obj(doc, "reply").get("meta") or {}
+    meta = _obj(doc, "reply").get("meta")
+    meta = {} if meta is None else meta
     if not isinstance(meta, Mapping):
         raise SlurmParseError("reply: 'meta' is not an object")
     plugin = meta.get("plugin") or {}

@@ -50,7 +50,7 @@ class TestCluster:
                        env={**os.environ, "SLURM_ELASTIC_CLUSTER_DIR": str(self.root)})
 
     def is_up(self) -> bool:
-        cp = subprocess.run([str(CLUSTER_SH), "status"], capture_output=True, text=True, timeout=60,
+        cp = subprocess.run([str(CLUSTER_SH), "status"], capture_output=True, text=True, timeout=60, check=False,
                             env={**os.environ, "SLURM_ELASTIC_CLUSTER_DIR": str(self.root)})
         return cp.returncode == 0
 
