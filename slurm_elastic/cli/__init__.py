@@ -22,6 +22,11 @@ def _register() -> None:
     from slurm_elastic.cli import cluster_cmd
 
     main.add_command(cluster_cmd.slurm_cmd)
+    from slurm_elastic.cli.mig_cmd import mig_cmd
+    main.add_command(mig_cmd)
+    from slurm_elastic.cli.simulate_cmd import simulate_cmd; main.add_command(simulate_cmd)  # noqa: E702, I001
+    from slurm_elastic.cli.check_cmd import check_cmd; main.add_command(check_cmd)  # noqa: E702, I001
+    from slurm_elastic.cli.agent_cmd import agent_cmd; main.add_command(agent_cmd)  # noqa: E702, I001
 
 
 _register()

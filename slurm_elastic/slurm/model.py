@@ -54,6 +54,7 @@ class Job:
     array_task_id: int | None = None
     state_flags: tuple[str, ...] = ()
     batch_flag: bool = True
+    working_dir: str | None = None  # extension jobs run in the leader's working directory
 
     @property
     def is_het_component(self) -> bool:

@@ -164,6 +164,7 @@ def _job(raw: Any) -> Job:
         array_job_id=array_job,
         array_task_id=num(j.get("array_task_id")) if array_job is not None else None,
         batch_flag=bool(j.get("batch_flag", True)),
+        working_dir=_str(j.get("current_working_directory")),
     )
 
 

@@ -1,0 +1,337 @@
+"""ElasticSpec (what a job asked for), its normalized text form, and the checks between options.
+
+The normalized form is what plugins/job_submit.lua stores on the job (inside ``[...]`` in admin_comment, see
+:mod:`slurm_elastic.directives.admin_comment`). Grammar, exactly::
+
+    normalized = "elastic:v1" *( " " key "=" value )
+
+- keys appear in this order, each at most once: het min max step up down window cooldown grace signal grow
+  shrink;
+- only options the user wrote are present (defaults are left out, so that a site's policy defaults apply to
+  them and ``explain`` can tell a directive from a default); ``het`` is present only for a component of a
+  heterogeneous job;
+- numbers are decimal without sign or leading zeros; durations are whole seconds; the signal is its name
+  without ``SIG`` (``USR1``); ``grow`` and ``shrink`` only ever appear as ``grow=0`` / ``shrink=0``.
+
+Example: ``#ELASTIC --min-nodes 1 --max-nodes=3 --window 1h30m --signal SIGusr2`` normalizes to
+``elastic:v1 min=1 max=3 window=5400 signal=USR2``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from slurm_elastic.directives.options import (
+    BY_FIELD,
+    BY_KEY,
+    FORMAT_VERSION,
+    MAX_HET_GROUP,
+    MAX_NODES,
+    SETTINGS,
+    SIGNALS,
+    Kind,
+)
+from slurm_elastic.errors import SlurmElasticError
+
+FORMAT_TAG = f"elastic:{FORMAT_VERSION}"
+
+Value = int | str | bool
+
+
+@dataclass(frozen=True)
+class DirectiveError:
+    """One problem with a script's ``#ELASTIC`` lines. Data, not an exception: a parse returns all of them.
+
+    ``option`` is the option as written (``--min-nodes``), or ``#ELASTIC`` for a problem with the line itself.
+    ``allowed`` says what would be accepted, when that can be said in a few words.
+    """
+
+    line: int
+    option: str
+    message: str
+    allowed: str | None = None
+
+    def describe(self) -> str:
+        """``--option: why (allowed: range)``."""
+        tail = f" (allowed: {self.allowed})" if self.allowed else ""
+        return f"{self.option}: {self.message}{tail}"
+
+    def format(self, source: str) -> str:
+        """``SOURCE:LINE: --option: why (allowed: range)``, the compiler-style line ``check`` prints."""
+        return f"{source}:{self.line}: {self.describe()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "option": self.option, "message": self.message, "allowed": self.allowed}
+
+
+@dataclass(frozen=True)
+class DirectiveWarning:
+    """Something that is legal but probably not what the user meant (e.g. ``#ELASTIC`` after a command)."""
+
+    line: int
+    message: str
+
+    def format(self, source: str) -> str:
+        return f"{source}:{self.line}: warning: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "message": self.message}
+
+
+class SpecError(SlurmElasticError):
+    """An ElasticSpec that breaks the option table's ranges or the rules between options."""
+
+
+class SpecFormatError(SpecError):
+    """Text that is not a valid normalized spec (``elastic:v1 ...``)."""
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    """The elastic behaviour of one job, or of one component of a heterogeneous job; every field resolved.
+
+    ``explicit`` names the fields (attribute names) that a directive set; every other field holds the
+    built-in default from :data:`slurm_elastic.directives.options.OPTIONS`, which a site policy may replace
+    with :meth:`with_defaults`. ``max_nodes`` is None when no directive set it: it then means "the node count
+    the job was submitted with", which only the controller knows.
+    """
+
+    het_group: int | None = None
+    min_nodes: int = 1
+    max_nodes: int | None = None
+    step: int = 1
+    scale_up_above: int = 80
+    scale_down_below: int = 40
+    window_s: int = 600
+    cooldown_s: int = 300
+    grace_s: int = 120
+    signal: str = "USR1"
+    grow: bool = True
+    shrink: bool = True
+    explicit: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        problems = _spec_problems(self)
+        if problems:
+            raise SpecError("invalid elastic spec: " + "; ".join(problems))
+
+    def source(self, field: str) -> Literal["directive", "default"]:
+        """Where the value of ``field`` came from, for ``explain``."""
+        if field not in BY_FIELD:
+            raise KeyError(field)
+        return "directive" if field in self.explicit else "default"
+
+    def with_defaults(self, defaults: Mapping[str, Value | None]) -> ElasticSpec:
+        """A copy where the fields not set by a directive take ``defaults`` (e.g. a site's policy defaults).
+
+        Keys are field names; ``het_group`` and ``explicit`` can not be given. Raises SpecError when a key is
+        unknown, a value is out of range, or the result breaks a rule between options (for example a policy
+        default scale-down threshold above a directive's scale-up threshold).
+        """
+        changes: dict[str, Any] = {}
+        for name, value in defaults.items():
+            if name not in BY_FIELD or name == "het_group":
+                raise SpecError(f"unknown elastic spec field {name!r}")
+            if name not in self.explicit:
+                changes[name] = value
+        return dataclasses.replace(self, **changes)
+
+    def to_normalized(self) -> str:
+        """The normalized text form (see the module docstring)."""
+        parts = [FORMAT_TAG]
+        if self.het_group is not None:
+            parts.append(f"het={self.het_group}")
+        for opt in SETTINGS:
+            if opt.field in self.explicit:
+                parts.append(f"{opt.key}={_render(getattr(self, opt.field))}")
+        return " ".join(parts)
+
+    @classmethod
+    def from_normalized(cls, text: str) -> ElasticSpec:
+        """Parse the normalized text form; exact inverse of :meth:`to_normalized`. Raises SpecFormatError."""
+        return from_normalized(text)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["explicit"] = sorted(self.explicit)
+        out["normalized"] = self.to_normalized()
+        return out
+
+
+def _render(value: Value | None) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _spec_problems(spec: ElasticSpec) -> list[str]:
+    problems: list[str] = []
+    unknown = sorted(spec.explicit - {o.field for o in SETTINGS})
+    if unknown:
+        problems.append(f"unknown explicit fields {unknown}")
+    if spec.het_group is not None and not (
+        isinstance(spec.het_group, int) and 0 <= spec.het_group <= MAX_HET_GROUP
+    ):
+        problems.append(f"het_group {spec.het_group!r} is not in 0..{MAX_HET_GROUP}")
+    for opt in SETTINGS:
+        value = getattr(spec, opt.field)
+        if opt.kind is Kind.FLAG:
+            if not isinstance(value, bool):
+                problems.append(f"{opt.field} must be a bool")
+            elif opt.field in spec.explicit and value:
+                problems.append(f"{opt.field} can only be switched off by a directive ({opt.option})")
+        elif opt.kind is Kind.SIGNAL:
+            if value not in SIGNALS:
+                problems.append(f"{opt.field} {value!r} is not one of {', '.join(SIGNALS)}")
+        elif value is None and opt.default is None and opt.field not in spec.explicit:
+            pass  # max_nodes: "the submitted node count"
+        elif isinstance(value, bool) or not isinstance(value, int):
+            problems.append(f"{opt.field} must be an int, not {value!r}")
+        elif opt.lo is not None and opt.hi is not None and not opt.lo <= value <= opt.hi:
+            problems.append(f"{opt.field}={value} is not in {opt.lo}..{opt.hi}")
+    if problems:
+        return problems
+    if spec.max_nodes is not None and spec.min_nodes > spec.max_nodes:
+        problems.append(f"min_nodes={spec.min_nodes} is above max_nodes={spec.max_nodes}")
+    if spec.scale_down_below >= spec.scale_up_above:
+        problems.append(
+            f"scale_down_below={spec.scale_down_below} is not below scale_up_above={spec.scale_up_above}"
+        )
+    if not spec.grow and not spec.shrink:
+        problems.append("grow and shrink are both off: the job could never be resized")
+    return problems
+
+
+# --- resolution: settings (from directives or normalized text) -> spec, with the rules between options ------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A value a directive set, and where: line (1-based; 0 for normalized text) and token index."""
+
+    value: Value
+    line: int
+    col: int
+
+    @property
+    def pos(self) -> tuple[int, int]:
+        return (self.line, self.col)
+
+
+def _where(s: Setting | None) -> str:
+    if s is None:
+        return "the default"
+    return f"set on line {s.line}" if s.line > 0 else "as given"
+
+
+def check_rules(settings: Mapping[str, Setting]) -> list[DirectiveError]:
+    """Errors for rules between options (min <= max, down < up, not both --no-grow and --no-shrink).
+
+    Each is reported at the option that was set later (by line, then position on the line): that is the one
+    the user most likely has to change. Unset options count with their built-in defaults.
+    """
+    errors: list[DirectiveError] = []
+
+    def value(field: str) -> Any:
+        s = settings.get(field)
+        return s.value if s is not None else BY_FIELD[field].default
+
+    mn, mx = settings.get("min_nodes"), settings.get("max_nodes")
+    if mx is not None and value("min_nodes") > value("max_nodes"):
+        assert mn is not None  # the default minimum (1) is never above a valid maximum
+        if mx.pos > mn.pos:
+            errors.append(DirectiveError(
+                mx.line, "--max-nodes", f"{mx.value} is below --min-nodes {mn.value}, {_where(mn)}",
+                f"{mn.value}..{MAX_NODES}"))
+        else:
+            errors.append(DirectiveError(
+                mn.line, "--min-nodes", f"{mn.value} is above --max-nodes {mx.value}, {_where(mx)}",
+                f"1..{mx.value}"))
+
+    up_s, down_s = settings.get("scale_up_above"), settings.get("scale_down_below")
+    up, down = value("scale_up_above"), value("scale_down_below")
+    if down >= up:
+        if up_s is not None and (down_s is None or up_s.pos > down_s.pos):
+            errors.append(DirectiveError(
+                up_s.line, "--scale-up-above",
+                f"{up} is not above --scale-down-below {down}, {_where(down_s)}",
+                f"{down + 1}..100"))
+        else:
+            assert down_s is not None  # the defaults (40 < 80) satisfy the rule
+            errors.append(DirectiveError(
+                down_s.line, "--scale-down-below",
+                f"{down} is not below --scale-up-above {up}, {_where(up_s)}", f"0..{up - 1}"))
+
+    no_grow, no_shrink = settings.get("grow"), settings.get("shrink")
+    if no_grow is not None and no_shrink is not None:
+        later, earlier = (no_shrink, no_grow) if no_shrink.pos > no_grow.pos else (no_grow, no_shrink)
+        later_opt = "--no-shrink" if later is no_shrink else "--no-grow"
+        earlier_opt = "--no-grow" if later is no_shrink else "--no-shrink"
+        errors.append(DirectiveError(
+            later.line, later_opt,
+            f"with {earlier_opt} ({_where(earlier)}) the job could never be resized", None))
+    return errors
+
+
+def build_spec(settings: Mapping[str, Setting], het_group: int | None) -> ElasticSpec:
+    """The spec for settings that passed :func:`check_rules`."""
+    values: dict[str, Any] = {field: s.value for field, s in settings.items()}
+    return ElasticSpec(het_group=het_group, explicit=frozenset(settings), **values)
+
+
+# --- normalized text -> spec ------------------------------------------------------------------------------
+
+_KEY_VALUE = re.compile(r"([a-z]+)=([0-9A-Z]+)")
+_CANONICAL_NUMBER = re.compile(r"0|[1-9][0-9]{0,8}")
+
+
+def from_normalized(text: str) -> ElasticSpec:
+    """Parse ``elastic:v1 ...`` (see the module docstring). Raises SpecFormatError on anything else."""
+    if not isinstance(text, str):
+        raise SpecFormatError(f"normalized spec must be text, not {type(text).__name__}")
+    tokens = text.split(" ")
+    head = tokens[0]
+    if head != FORMAT_TAG:
+        if head.startswith("elastic:v"):
+            raise SpecFormatError(f"unsupported elastic spec version {head!r} (this is {FORMAT_TAG})")
+        raise SpecFormatError(f"not an elastic spec: {text[:80]!r} (expected {FORMAT_TAG!r} first)")
+    settings: dict[str, Setting] = {}
+    het_group: int | None = None
+    for col, token in enumerate(tokens[1:], start=1):
+        m = _KEY_VALUE.fullmatch(token)
+        if m is None or m.group(1) not in BY_KEY:
+            raise SpecFormatError(f"bad item {token[:40]!r} in elastic spec {text[:80]!r}")
+        opt, raw = BY_KEY[m.group(1)], m.group(2)
+        value: Value
+        if opt.kind is Kind.FLAG:
+            if raw != "0":
+                raise SpecFormatError(f"{opt.key}= can only be 0 in elastic spec {text[:80]!r}")
+            value = False
+        elif opt.kind is Kind.SIGNAL:
+            if raw not in SIGNALS:
+                raise SpecFormatError(f"unknown signal {raw!r} in elastic spec {text[:80]!r}")
+            value = raw
+        else:
+            if not _CANONICAL_NUMBER.fullmatch(raw):
+                raise SpecFormatError(f"bad number {token!r} in elastic spec {text[:80]!r}")
+            value = int(raw)
+            assert opt.lo is not None and opt.hi is not None
+            if not opt.lo <= value <= opt.hi:
+                raise SpecFormatError(f"{token!r} is out of range {opt.lo}..{opt.hi} in {text[:80]!r}")
+        if opt.field == "het_group":
+            assert isinstance(value, int)
+            het_group = value
+        else:
+            settings[opt.field] = Setting(value, 0, col)
+    problems = check_rules(settings)
+    if problems:
+        raise SpecFormatError(f"invalid elastic spec {text[:80]!r}: {problems[0].describe()}")
+    spec = build_spec(settings, het_group)
+    if spec.to_normalized() != text:
+        raise SpecFormatError(
+            f"elastic spec {text[:80]!r} is not in normal form (expected {spec.to_normalized()!r})")
+    return spec

@@ -1,0 +1,42 @@
+"""MIG partitioning: the profile catalog, layout validation and placement, diffs, mig-parted and Slurm GRES.
+
+This package is the pure core. It reads no GPU, file or clock by itself: devices come in through the
+:class:`~slurm_elastic.mig.device.MigDevice` protocol, files through the callers. Modules:
+
+- :mod:`~slurm_elastic.mig.model` - frozen values (profiles, GPU models, placements, layouts, instances)
+- :mod:`~slurm_elastic.mig.catalog` - the packaged profile catalog (data/mig_profiles.yaml), strict loader
+- :mod:`~slurm_elastic.mig.validate` - layout validation and the placement search (planner)
+- :mod:`~slurm_elastic.mig.diff` - current instances -> requested layout: what to destroy and create
+- :mod:`~slurm_elastic.mig.device` / :mod:`~slurm_elastic.mig.fake` - the GPU capability and its fake
+- :mod:`~slurm_elastic.mig.nvml_check` - NVML's report against the catalog; NVML wins
+- :mod:`~slurm_elastic.mig.parted` - NVIDIA mig-parted config import/export
+- :mod:`~slurm_elastic.mig.gres` - gres.conf lines and node ``Gres=`` counts
+"""
+
+from slurm_elastic.mig.catalog import Catalog, load_catalog
+from slurm_elastic.mig.diff import GpuDiff, diff_gpu, diff_node
+from slurm_elastic.mig.errors import LayoutError, MigError
+from slurm_elastic.mig.model import GpuModel, GpuState, Layout, MigInstance, MigProfile, NodeLayout, Placement
+from slurm_elastic.mig.validate import LayoutProblem, Reason, check_layout, parse_layout, plan_layout
+
+__all__ = [
+    "Catalog",
+    "GpuDiff",
+    "GpuModel",
+    "GpuState",
+    "Layout",
+    "LayoutError",
+    "LayoutProblem",
+    "MigError",
+    "MigInstance",
+    "MigProfile",
+    "NodeLayout",
+    "Placement",
+    "Reason",
+    "check_layout",
+    "diff_gpu",
+    "diff_node",
+    "load_catalog",
+    "parse_layout",
+    "plan_layout",
+]

@@ -1,0 +1,43 @@
+"""Errors raised by the MIG core. All subclass :class:`slurm_elastic.errors.SlurmElasticError`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from slurm_elastic.errors import ConfigError, SlurmElasticError
+
+if TYPE_CHECKING:
+    from slurm_elastic.mig.validate import LayoutProblem
+
+
+class MigError(SlurmElasticError):
+    """Base of the MIG errors."""
+
+
+class CatalogError(ConfigError):
+    """The MIG profile catalog file is malformed (unknown field, missing version, inconsistent numbers)."""
+
+
+class UnknownGpuError(MigError):
+    """A GPU model, NVML name or PCI device id that the catalog does not know."""
+
+
+class LayoutError(MigError):
+    """A requested MIG layout cannot be built on the GPU. ``problems`` carries every reason, with codes."""
+
+    def __init__(self, problems: Sequence[LayoutProblem]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(p.message for p in self.problems))
+
+
+class PartedConfigError(ConfigError):
+    """A mig-parted configuration file that cannot be read (bad YAML, unknown field, missing version)."""
+
+
+class MigDeviceError(MigError):
+    """A MIG operation on a device failed (what NVML would answer with an error code)."""
+
+
+class GresRenderError(MigError):
+    """The GRES lines for a node cannot be written (bad device-file template, missing instance ids)."""
