@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
@@ -149,7 +151,9 @@ class SlurmCli:
         """Submit ``script`` (text, given on stdin) as ``user``; returns the new job id."""
         if not user or user.startswith("-") or any(c.isspace() for c in user):
             raise ResizeRefusedError(f"invalid user name {user!r}")
-        argv = ["runuser", "-u", user, "--", "sbatch", "--parsable", *sbatch_args]
+        # runuser lives in sbin, which a job environment's PATH usually lacks: resolve it here.
+        runuser = shutil.which("runuser", path=f"{os.environ.get('PATH', os.defpath)}:/usr/sbin:/sbin") or "runuser"
+        argv = [runuser, "-u", user, "--", "sbatch", "--parsable", *sbatch_args]
         out = self.cmd.run(argv, input_text=script, env=env, retry_transient=False).stdout.strip()
         try:
             return int(out.split(";", 1)[0])

@@ -1,0 +1,1 @@
+"""The controller: the imperative shell around the pure policy (collect, decide, journal, act, reconcile)."""
