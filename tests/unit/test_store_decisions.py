@@ -1,0 +1,124 @@
+"""Cycles and decisions: one transaction per cycle, the `decisions list` filters, last N per job, counts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from slurm_elastic.store import (
+    DecisionFilter,
+    JobObservation,
+    NewDecision,
+    SqlStore,
+    StoreInputError,
+)
+from tests.unit.storehelpers import FakeClock, memory_store
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(clock: FakeClock) -> Iterator[SqlStore]:
+    st = memory_store(clock)
+    yield st
+    st.close()
+
+
+def d(job: int, action: str = "hold", reason: str = "WITHIN_BAND", **kw: object) -> NewDecision:
+    return NewDecision(job_id=job, action=action, reason=reason, message=f"{action} {job}", **kw)  # type: ignore[arg-type]
+
+
+def test_cycle_ids_are_unique_and_cycles_record_their_duration(store: SqlStore, clock: FakeClock) -> None:
+    c1 = store.decisions.begin_cycle(holder="ctl-a")
+    c2 = store.decisions.begin_cycle(holder="ctl-a", dry_run=True)
+    assert c2 > c1
+    assert store.decisions.last_cycle() is None  # none finished yet
+    clock.advance(2.5)
+    store.decisions.finish_cycle(c1, decisions=3, actions=1)
+    last = store.decisions.last_cycle()
+    assert last is not None and (last.id, last.duration_s, last.decisions, last.actions) == (c1, 2.5, 3, 1)
+    running = store.decisions.last_cycle(finished=False)
+    assert running is not None and running.id == c2 and running.dry_run and running.duration_s is None
+
+
+def test_record_decisions_keeps_everything(store: SqlStore, clock: FakeClock) -> None:
+    cycle = store.decisions.begin_cycle()
+    ids = store.decisions.record_decisions(cycle, [
+        d(1, "shrink", "UNDERUTILIZED", inputs={"mean_util": 12.5, "window_s": 600}, current_nodes=3,
+          target_nodes=2, signal="USR1", profile="default"),
+        d(2, "hold", "PAUSED", paused=True, dry_run=True),
+    ])
+    assert len(ids) == 2 and ids[0] < ids[1]
+    rec = store.decisions.last_decisions(1, 1)[0]
+    assert (rec.id, rec.cycle_id, rec.time, rec.action, rec.reason) == (ids[0], cycle, clock(), "shrink",
+                                                                         "UNDERUTILIZED")
+    assert rec.inputs == {"mean_util": 12.5, "window_s": 600}
+    assert (rec.current_nodes, rec.target_nodes, rec.signal, rec.profile) == (3, 2, "USR1", "default")
+    held = store.decisions.last_decisions(2, 1)[0]
+    assert held.paused and held.dry_run
+    assert store.decisions.record_decisions(cycle, []) == []
+
+
+def test_a_cycle_is_all_or_nothing(store: SqlStore) -> None:
+    cycle = store.decisions.begin_cycle()
+    with pytest.raises(StoreInputError, match="job 2: inputs are not JSON"):
+        store.decisions.record_decisions(cycle, [d(1), d(2, inputs={"bad": {1, 2}})])
+    with pytest.raises(StoreInputError, match="reason"):
+        store.decisions.record_decisions(cycle, [d(1), d(3, reason="")])
+    assert store.decisions.list_decisions() == []
+
+
+def test_list_filters(store: SqlStore, clock: FakeClock) -> None:
+    store.jobs.upsert_job(JobObservation(job_id=1, user="alice", partition="train", state="RUNNING",
+                                         current_nodes=2, min_nodes=1, max_nodes=3))
+    store.jobs.upsert_job(JobObservation(job_id=2, user="bob", partition="train", state="RUNNING",
+                                         current_nodes=1, min_nodes=1, max_nodes=3))
+    t0 = clock()
+    store.decisions.record_decisions(store.decisions.begin_cycle(), [d(1, "hold", "COOLDOWN"), d(2, "grow", "BUSY")])
+    t1 = clock.advance(60)
+    store.decisions.record_decisions(store.decisions.begin_cycle(),
+                                     [d(1, "shrink", "UNDERUTILIZED"), d(2, "hold", "NO_FREE_NODES")])
+    ls = store.decisions.list_decisions
+    assert [(x.job_id, x.action) for x in ls()] == [(2, "hold"), (1, "shrink"), (2, "grow"), (1, "hold")]
+    assert [x.action for x in ls(DecisionFilter(job_id=1))] == ["shrink", "hold"]
+    assert [x.job_id for x in ls(DecisionFilter(since=t1))] == [2, 1]
+    assert [x.job_id for x in ls(DecisionFilter(until=t1))] == [2, 1]
+    assert [x.reason for x in ls(DecisionFilter(action="hold"))] == ["NO_FREE_NODES", "COOLDOWN"]
+    assert [x.job_id for x in ls(DecisionFilter(reason="BUSY"))] == [2]
+    assert [x.job_id for x in ls(DecisionFilter(user="alice"))] == [1, 1]
+    assert ls(DecisionFilter(user="carol")) == []
+    assert len(ls(DecisionFilter(limit=3))) == 3
+    assert [x.action for x in ls(DecisionFilter(job_id=2, since=t0, action="grow"))] == ["grow"]
+
+
+def test_last_n_per_job_and_counts(store: SqlStore, clock: FakeClock) -> None:
+    t0 = clock()
+    for i in range(4):
+        store.decisions.record_decisions(store.decisions.begin_cycle(),
+                                         [d(1, "hold", f"R{i}"), d(2, "grow" if i % 2 else "hold", "BUSY")])
+        clock.advance(10)
+    store.decisions.record_decisions(store.decisions.begin_cycle(), [d(3, "shrink", "UNDERUTILIZED")])
+    last = store.decisions.last_decisions_per_job(2)
+    assert sorted(last) == [1, 2, 3]
+    assert [x.reason for x in last[1]] == ["R3", "R2"]
+    assert [x.action for x in last[2]] == ["grow", "hold"]
+    assert len(last[3]) == 1
+    only = store.decisions.last_decisions_per_job(1, job_ids=[2])
+    assert list(only) == [2] and only[2][0].action == "grow"
+    counts = store.decisions.decision_counts(t0)
+    assert [(c.action, c.reason, c.count) for c in counts][:2] == [("grow", "BUSY", 2), ("hold", "BUSY", 2)]
+    assert sum(c.count for c in counts) == 9
+    assert sum(c.count for c in store.decisions.decision_counts(t0, until=t0)) == 0
+    with pytest.raises(StoreInputError):
+        store.decisions.last_decisions_per_job(0)
+
+
+def test_counts_are_sorted_deterministically(store: SqlStore, clock: FakeClock) -> None:
+    store.decisions.record_decisions(store.decisions.begin_cycle(),
+                                     [d(1, "hold", "B"), d(2, "hold", "A"), d(3, "grow", "Z"), d(4, "grow", "Z")])
+    counts = store.decisions.decision_counts(clock())
+    assert [(c.action, c.reason, c.count) for c in counts] == [("grow", "Z", 2), ("hold", "A", 1), ("hold", "B", 1)]

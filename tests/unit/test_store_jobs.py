@@ -1,0 +1,136 @@
+"""Elastic jobs, extension jobs, samples and agents."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from slurm_elastic.store import (
+    ActionKind,
+    JobObservation,
+    NewSample,
+    SpecSource,
+    SqlStore,
+    StoreInputError,
+)
+from tests.unit.storehelpers import T0, FakeClock, memory_store
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(clock: FakeClock) -> Iterator[SqlStore]:
+    st = memory_store(clock)
+    yield st
+    st.close()
+
+
+def obs(job_id: int = 10, **kw: object) -> JobObservation:
+    base: dict[str, object] = dict(job_id=job_id, user="alice", partition="train", state="RUNNING",
+                                   current_nodes=2, min_nodes=1, max_nodes=3, account="ml",
+                                   spec="elastic:v1 min=1 max=3", spec_source=SpecSource.ADMIN_COMMENT,
+                                   submit_time=T0 - timedelta(hours=1))
+    base.update(kw)
+    return JobObservation(**base)  # type: ignore[arg-type]
+
+
+def test_upsert_keeps_first_seen_and_updates_the_rest(store: SqlStore, clock: FakeClock) -> None:
+    first = store.jobs.upsert_job(obs())
+    assert (first.first_seen, first.last_seen, first.paused, first.ended_at) == (clock(), clock(), False, None)
+    assert first.spec_source is SpecSource.ADMIN_COMMENT and first.account == "ml"
+    clock.advance(30)
+    later = store.jobs.upsert_job(obs(current_nodes=3, nodelist="n[1-3]", gpus_per_node=4))
+    assert later.first_seen == first.first_seen and later.last_seen == clock()
+    assert (later.current_nodes, later.nodelist, later.gpus_per_node) == (3, "n[1-3]", 4)
+    assert store.jobs.get_job(10) == later
+
+
+def test_invalid_directives_are_recorded_with_their_reason(store: SqlStore) -> None:
+    rec = store.jobs.upsert_job(obs(11, spec=None, spec_source=SpecSource.BATCH_SCRIPT,
+                                    spec_error="line 3: --max-nodes: must be >= --min-nodes (allowed: 1..4096)"))
+    assert rec.spec is None and rec.spec_source is SpecSource.BATCH_SCRIPT
+    assert rec.spec_error is not None and "--max-nodes" in rec.spec_error
+
+
+def test_het_component_is_its_own_unit(store: SqlStore) -> None:
+    store.jobs.upsert_job(obs(20, het_job_id=20, het_offset=0))
+    comp = store.jobs.upsert_job(obs(21, het_job_id=20, het_offset=1))
+    assert (comp.job_id, comp.het_job_id, comp.het_offset) == (21, 20, 1)
+
+
+def test_reused_job_id_replaces_the_old_row(store: SqlStore, clock: FakeClock) -> None:
+    store.jobs.upsert_job(obs())
+    store.pauses.pause("job", 10, who="root")  # type: ignore[arg-type]
+    clock.advance(60)
+    fresh = store.jobs.upsert_job(obs(submit_time=clock(), user="bob"))
+    assert fresh.first_seen == clock() and fresh.user == "bob" and fresh.paused is False
+
+
+def test_ended_jobs_leave_the_active_list(store: SqlStore, clock: FakeClock) -> None:
+    store.jobs.upsert_job(obs(1))
+    store.jobs.upsert_job(obs(2, user="bob"))
+    assert store.jobs.mark_job_ended(1, "COMPLETED") is True
+    assert store.jobs.mark_job_ended(99, "COMPLETED") is False
+    assert [j.job_id for j in store.jobs.list_jobs()] == [2]
+    assert [j.job_id for j in store.jobs.list_jobs(active_only=False)] == [1, 2]
+    assert [j.job_id for j in store.jobs.list_jobs(user="alice", active_only=False)] == [1]
+    ended = store.jobs.get_job(1)
+    assert ended is not None and ended.state == "COMPLETED" and ended.ended_at == clock()
+
+
+@pytest.mark.parametrize("bad", [dict(min_nodes=3, max_nodes=2), dict(current_nodes=-1), dict(user="")])
+def test_bad_observations_are_refused(store: SqlStore, bad: dict[str, object]) -> None:
+    with pytest.raises(StoreInputError):
+        store.jobs.upsert_job(obs(**bad))
+
+
+def test_extension_jobs_link_to_parent_and_action(store: SqlStore, clock: FakeClock) -> None:
+    aid = store.journal.record_intent(job_id=10, kind=ActionKind.GROW, idempotency_key="grow:10:5:1")
+    e1 = store.jobs.record_extension(job_id=31, parent_job_id=10, node_count=1, state="PENDING", action_id=aid,
+                                     idempotency_key="grow:10:5:1")
+    clock.advance(10)
+    store.jobs.record_extension(job_id=32, parent_job_id=10, node_count=1, state="RUNNING")
+    assert [e.job_id for e in store.jobs.extensions(10)] == [32, 31]  # newest first: shrink order
+    found = store.jobs.find_extension_by_key("grow:10:5:1")
+    assert found is not None and found.job_id == 31 and found.action_id == aid
+    assert found == e1
+    up = store.jobs.update_extension(31, state="RUNNING", nodelist="n3")
+    assert up is not None and (up.state, up.nodelist) == ("RUNNING", "n3")
+    store.jobs.update_extension(32, state="CANCELLED", ended=True)
+    assert [e.job_id for e in store.jobs.extensions(10)] == [31]
+    assert len(store.jobs.extensions(active_only=False)) == 2
+    assert store.jobs.update_extension(99, state="RUNNING") is None
+    with pytest.raises(StoreInputError, match="belongs to 10"):
+        store.jobs.record_extension(job_id=31, parent_job_id=11, node_count=1, state="RUNNING")
+
+
+def test_samples_round_trip_and_validation(store: SqlStore, clock: FakeClock) -> None:
+    rows = [NewSample(job_id=10, time=T0 + timedelta(seconds=60 * i), util_mean=10.0 * i, util_max=20.0 * i,
+                      gpus_alloc=8, gpus_in_use=8 - i, sample_count=12) for i in range(4)]
+    assert store.samples.add_samples(rows) == 4
+    got = store.samples.samples(10, since=T0 + timedelta(seconds=60))
+    assert [s.util_mean for s in got] == [10.0, 20.0, 30.0]
+    assert store.samples.samples(10, until=T0 + timedelta(seconds=60))[0].gpus_in_use == 8
+    with pytest.raises(StoreInputError, match="0..100"):
+        store.samples.add_samples([NewSample(10, T0, 101.0, 101.0, 1, 1, 1)])
+    with pytest.raises(StoreInputError, match="timezone-aware"):
+        store.samples.add_samples([NewSample(10, T0.replace(tzinfo=None), 1.0, 1.0, 1, 1, 1)])
+    assert len(store.samples.samples(10)) == 4
+
+
+def test_agents_seen_and_failing(store: SqlStore, clock: FakeClock) -> None:
+    ok = store.agents.agent_seen("n1", url="http://n1:9400", version="0.1.0", gpu_count=4)
+    assert (ok.last_seen, ok.last_error, ok.gpu_count) == (clock(), None, 4)
+    clock.advance(30)
+    bad = store.agents.agent_failed("n1", url="http://n1:9400", error="connection refused")
+    assert bad.last_seen == ok.last_seen and bad.last_attempt == clock() and bad.last_error == "connection refused"
+    store.agents.agent_failed("n2", url="http://n2:9400", error="timeout")
+    agents = store.agents.list_agents()
+    assert [a.node for a in agents] == ["n1", "n2"] and agents[1].last_seen is None
+    again = store.agents.agent_seen("n1", url="http://n1:9400", version="0.1.1", gpu_count=4)
+    assert again.last_error is None and again.version == "0.1.1"

@@ -1,0 +1,147 @@
+"""Schema versions: fresh creation, explicit N -> N+1 migrations, refusal of newer schemas, table prefixes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Column, Integer, inspect, text
+from sqlalchemy.engine import Connection
+
+from slurm_elastic.store import (
+    CURRENT_SCHEMA_VERSION,
+    MigrationError,
+    SchemaError,
+    SchemaMissingError,
+    SchemaOutdatedError,
+    SchemaTooNewError,
+    SqlStore,
+    StoreUrlError,
+    sqlite_url,
+)
+from slurm_elastic.store.migrations import op_add_column
+from slurm_elastic.store.models import Models
+from tests.unit.storehelpers import FakeClock
+
+
+def open_file(path: Path, **kw: object) -> SqlStore:
+    return SqlStore.open(sqlite_url(path), clock=FakeClock(), **kw)  # type: ignore[arg-type]
+
+
+def set_version(store: SqlStore, version: int) -> None:
+    sv = store.db.models.schema_version.__table__.name  # type: ignore[attr-defined]
+    with store.db.engine.begin() as conn:
+        conn.execute(text(f"UPDATE {sv} SET version = :v"), {"v": version})
+
+
+def add_priority_column(conn: Connection, models: Models) -> None:
+    op_add_column(conn, f"{models.prefix}elastic_jobs", Column("priority", Integer, nullable=True))
+
+
+def test_fresh_database_is_created_at_the_current_version(tmp_path: Path) -> None:
+    st = open_file(tmp_path / "s.db")
+    assert st.schema_version() == CURRENT_SCHEMA_VERSION
+    tables = set(inspect(st.db.engine).get_table_names())
+    assert {"elastic_jobs", "extension_jobs", "samples", "decisions", "actions", "policy_versions", "pauses",
+            "lease", "agents", "cycles", "schema_version"} <= tables
+    st.close()
+    again = open_file(tmp_path / "s.db")  # reopening changes nothing
+    report = again.ensure_schema()
+    assert (report.before, report.after, report.applied, report.created) == (1, 1, (), False)
+    again.close()
+
+
+def test_create_false_refuses_an_empty_database(tmp_path: Path) -> None:
+    with pytest.raises(SchemaMissingError, match="db upgrade"):
+        open_file(tmp_path / "s.db", create=False)
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    st = open_file(tmp_path / "s.db")
+    set_version(st, CURRENT_SCHEMA_VERSION + 1)
+    st.close()
+    with pytest.raises(SchemaTooNewError, match=f"version {CURRENT_SCHEMA_VERSION + 1} but this slurm-elastic "
+                                                f"supports up to version {CURRENT_SCHEMA_VERSION}"):
+        open_file(tmp_path / "s.db", upgrade=True)
+
+
+def test_outdated_schema_needs_an_explicit_upgrade(tmp_path: Path) -> None:
+    st = open_file(tmp_path / "s.db")
+    target = CURRENT_SCHEMA_VERSION + 1
+    with pytest.raises(SchemaOutdatedError, match="slurm-elastic db upgrade"):
+        st.ensure_schema(target=target, migrations={CURRENT_SCHEMA_VERSION: add_priority_column})
+    report = st.ensure_schema(upgrade=True, target=target, migrations={CURRENT_SCHEMA_VERSION: add_priority_column})
+    assert (report.before, report.after, report.applied) == (CURRENT_SCHEMA_VERSION, target, (CURRENT_SCHEMA_VERSION,))
+    assert st.schema_version() == target
+    cols = {c["name"] for c in inspect(st.db.engine).get_columns("elastic_jobs")}
+    assert "priority" in cols
+    # and now the released code (CURRENT) refuses this newer schema
+    with pytest.raises(SchemaTooNewError):
+        st.ensure_schema()
+    st.close()
+
+
+def test_steps_run_in_order_from_an_old_version(tmp_path: Path) -> None:
+    st = open_file(tmp_path / "s.db")
+    ran: list[int] = []
+
+    def step(n: int) -> Callable[[Connection, Models], None]:
+        return lambda conn, models: ran.append(n)
+
+    steps = {n: step(n) for n in range(1, 4)}
+    report = st.ensure_schema(upgrade=True, target=4, migrations=steps)
+    assert ran == [1, 2, 3] and report.applied == (1, 2, 3) and st.schema_version() == 4
+    st.close()
+
+
+def test_missing_step_is_an_error(tmp_path: Path) -> None:
+    st = open_file(tmp_path / "s.db")
+    with pytest.raises(MigrationError, match="no migration from schema version 2 to 3"):
+        st.ensure_schema(upgrade=True, target=3, migrations={1: lambda conn, m: None})
+    assert st.schema_version() == 2  # the step that existed is kept
+    st.close()
+
+
+def test_failing_step_leaves_the_previous_version_and_no_partial_change(tmp_path: Path) -> None:
+    st = open_file(tmp_path / "s.db")
+
+    def half_then_fail(conn: Connection, models: Models) -> None:
+        add_priority_column(conn, models)
+        raise RuntimeError("boom")
+
+    with pytest.raises(MigrationError, match="1 to 2 failed: boom; the schema is left at version 1"):
+        st.ensure_schema(upgrade=True, target=2, migrations={1: half_then_fail})
+    assert st.schema_version() == 1
+    # SQLite runs DDL inside the transaction: the column is gone with the rollback
+    assert "priority" not in {c["name"] for c in inspect(st.db.engine).get_columns("elastic_jobs")}
+    st.close()
+
+
+def test_prefixes_isolate_stores_in_one_database(tmp_path: Path) -> None:
+    a = open_file(tmp_path / "s.db", table_prefix="se_")
+    b = open_file(tmp_path / "s.db", table_prefix="other_")
+    a.policies.add_policy("x = 1", author="root")
+    assert b.policies.current_policy() is None
+    tables = set(inspect(a.db.engine).get_table_names())
+    assert {"se_actions", "other_actions"} <= tables and "actions" not in tables
+    b.drop_all()
+    assert not any(t.startswith("other_") for t in inspect(a.db.engine).get_table_names())
+    assert a.policies.current_policy() is not None
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("prefix", ["Bad", "1x", "a-b", "x" * 17])
+def test_bad_prefix(tmp_path: Path, prefix: str) -> None:
+    with pytest.raises(StoreUrlError, match="table prefix"):
+        open_file(tmp_path / "s.db", table_prefix=prefix)
+
+
+def test_foreign_tables_without_version_table_are_not_adopted(tmp_path: Path) -> None:
+    st = open_file(tmp_path / "s.db")
+    with st.db.engine.begin() as conn:
+        conn.execute(text("DROP TABLE schema_version"))
+    st.close()
+    with pytest.raises(SchemaError, match="not a slurm-elastic schema"):
+        open_file(tmp_path / "s.db")
