@@ -1,0 +1,126 @@
+"""The agent's HTTP side (aiohttp): ``GET /v1/node`` (signed requests only), ``GET /metrics``, ``GET /healthz``.
+
+Sampling runs in a worker thread on a fixed-rate schedule, so a slow or hung NVML never stalls serving: requests
+always get the latest complete sample, whose JSON is encoded once per sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from slurm_elastic.agent.auth import HEADER_SIGNATURE, SCHEME, RequestVerifier, sign_response
+from slurm_elastic.agent.errors import AuthError
+from slurm_elastic.agent.metrics import CONTENT_TYPE, ReportCollector, make_registry, render
+from slurm_elastic.agent.payload import NODE_PATH
+from slurm_elastic.agent.sampler import Sampler
+
+log = logging.getLogger("slurm_elastic.agent")
+
+
+def _json(status: int, obj: object, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=json.dumps(obj).encode(), content_type="application/json",
+                        headers=headers)
+
+
+class AgentApp:
+    def __init__(self, sampler: Sampler, verifier: RequestVerifier, key: bytes, *, metrics_auth: bool = False,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.sampler = sampler
+        self.verifier = verifier
+        self._key = key
+        self.metrics_auth = metrics_auth
+        self._clock = clock
+        self.registry = make_registry(ReportCollector(sampler.node, sampler.snapshot))
+
+    def build(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024)
+        app.router.add_get(NODE_PATH, self.handle_node)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/healthz", self.handle_health)
+        return app
+
+    async def _authenticate(self, request: web.Request) -> str | web.Response:
+        body = await request.read()
+        try:
+            return self.verifier.verify(request.method, request.raw_path, request.headers, body, self._clock())
+        except AuthError as exc:
+            log.info("401 for %s %s from %s: %s", request.method, request.raw_path, request.remote, exc.reason)
+            return _json(401, {"error": "unauthorized", "reason": exc.reason},
+                         {"WWW-Authenticate": f'{SCHEME} error="{exc.reason}"'})
+
+    async def handle_node(self, request: web.Request) -> web.Response:
+        nonce = await self._authenticate(request)
+        if isinstance(nonce, web.Response):
+            return nonce
+        _, body = self.sampler.latest()
+        if body is None:
+            return _json(503, {"error": "no_sample_yet"})
+        return web.Response(body=body, content_type="application/json",
+                            headers={HEADER_SIGNATURE: sign_response(self._key, nonce, body)})
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        if self.metrics_auth:
+            nonce = await self._authenticate(request)
+            if isinstance(nonce, web.Response):
+                return nonce
+        body = await asyncio.to_thread(render, self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        """Liveness without data: 200 while samples are fresh (three intervals), 503 otherwise."""
+        report, _ = self.sampler.latest()
+        fresh = report is not None and report.sampled_at is not None and \
+            self._clock() - report.sampled_at <= 3 * self.sampler.interval_s
+        return web.Response(status=200 if fresh else 503, text="ok\n" if fresh else "stale\n")
+
+
+async def sample_forever(sampler: Sampler, stop: asyncio.Event) -> None:
+    """Samples at a fixed rate (missed ticks are skipped, not bunched up); one failure never stops the loop."""
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
+    while not stop.is_set():
+        try:
+            await asyncio.to_thread(sampler.sample_once)
+        except Exception:  # a bug in one sample must not kill the agent; it is logged with its traceback
+            log.exception("sample failed")
+        next_at += sampler.interval_s
+        now = loop.time()
+        if next_at < now:
+            next_at = now + sampler.interval_s - (now - next_at) % sampler.interval_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=next_at - now)
+
+
+async def serve(app: AgentApp, host: str, port: int, stop: asyncio.Event | None = None,
+                ready: Callable[[int], None] | None = None) -> None:
+    """Serves until ``stop`` is set or SIGTERM/SIGINT arrives. ``ready(port)`` is called once listening."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(app.build(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = port
+    server = getattr(site, "_server", None)
+    if server is not None and getattr(server, "sockets", None):
+        bound = server.sockets[0].getsockname()[1]
+    log.info("agent for node %s listening on %s:%d", app.sampler.node, host, bound)
+    if ready:
+        ready(bound)
+    sampling = asyncio.create_task(sample_forever(app.sampler, stop))
+    try:
+        await stop.wait()
+    finally:
+        await sampling
+        await runner.cleanup()

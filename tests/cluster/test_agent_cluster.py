@@ -1,0 +1,278 @@
+"""The node agent on the live cluster: one agent per node on its own port, over its node's virtual GPUs.
+
+Jobs run the workload helper (``python -m slurm_elastic.vgpu.workload``), which registers its pid on the job's
+GPUs; the real prolog/epilog write and remove the map files; the agent maps pids to jobs through the real
+cgroups of Slurm 22.05 and reads GPUs through pynvml over the virtual libnvidia-ml.so.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import filecmp
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from slurm_elastic.agent.auth import sign_request
+from slurm_elastic.agent.client import AgentClient
+from slurm_elastic.agent.errors import AgentAuthError
+from slurm_elastic.agent.payload import NODE_PATH, JobReport, NodeReport
+from slurm_elastic.vgpu.build import build_library
+from slurm_elastic.vgpu.state import make_node_state
+from slurm_elastic.vgpu.statefile import StateFile
+from tests.cluster.harness import TestCluster
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+INTERVAL_S = 1.0
+T = TypeVar("T")
+
+
+class Agents:
+    def __init__(self, cluster: TestCluster, key: bytes, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+        self.cluster = cluster
+        self.key = key
+        self.procs = procs
+
+    @staticmethod
+    def url(node: str) -> str:
+        return f"http://127.0.0.1:{18000 + int(node.removeprefix('n'))}"
+
+    def report(self, node: str) -> NodeReport:
+        async def fetch() -> NodeReport:
+            async with AgentClient(self.key, timeout_s=10) as client:
+                return await client.fetch(self.url(node))
+
+        return asyncio.run(fetch())
+
+    def state(self, node: str) -> StateFile:
+        return StateFile(self.cluster.root / "vgpu" / f"{node}.state")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 90.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.25)
+
+
+def install_plugins(cluster: TestCluster) -> None:
+    """The cluster runs copies of plugins/{prolog,epilog}.sh made at its start; refresh stale copies (what
+    cluster.sh start does) so the scripts under test are the checkout's."""
+    for name in ("prolog.sh", "epilog.sh"):
+        src, dst = REPO / "plugins" / name, cluster.root / "etc" / name
+        if not dst.exists() or not filecmp.cmp(src, dst, shallow=False):
+            tmp = dst.with_name(f".{name}.new")
+            shutil.copy(src, tmp)
+            tmp.chmod(0o755)
+            os.replace(tmp, dst)
+
+
+@pytest.fixture(scope="module")
+def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
+    install_plugins(cluster)
+    lib = build_library(REPO / "build" / "vgpu")
+    vgpu_dir = cluster.root / "vgpu"
+    for k, node in enumerate(cluster.nodes):
+        StateFile(vgpu_dir / f"{node}.state").write(
+            make_node_state(node, cluster.gpus_per_node, minor_base=k * cluster.gpus_per_node))
+    key_file = tmp_path_factory.mktemp("agent") / "agent.key"
+    key_file.write_bytes(os.urandom(32).hex().encode())
+    key_file.chmod(0o600)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = cluster.root / "log"
+    try:
+        for node in cluster.nodes:
+            env = {**cluster.env, "LD_LIBRARY_PATH": str(lib.parent),
+                   "SLURM_ELASTIC_VGPU_STATE": str(vgpu_dir / f"{node}.state")}
+            port = 18000 + int(node.removeprefix("n"))
+            with open(logs / f"agent-{node}.log", "ab") as log:
+                procs[node] = subprocess.Popen(
+                    [sys.executable, "-c", "from slurm_elastic.cli import main; main()", "agent", "-v",
+                     "--node", node, "--listen", "127.0.0.1", "--port", str(port), "--key-file", str(key_file),
+                     "--gpu-map-dir", str(cluster.root / "gpu-map"), "--interval", str(INTERVAL_S),
+                     "--window", "30"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        result = Agents(cluster, key_file.read_bytes(), procs)
+
+        def all_up() -> bool | None:
+            for node, p in procs.items():
+                assert p.poll() is None, f"agent for {node} exited: see {logs}/agent-{node}.log"
+                try:
+                    result.report(node)
+                except Exception:
+                    return None
+            return True
+
+        wait_for("the four agents to answer", all_up, timeout=60)
+        yield result
+    finally:
+        for p in procs.values():
+            p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+# The workload needs only the standard library: any user's job runs it with the system Python.
+JOB_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+
+
+def workload(util: int, *, then_sleep: bool = False) -> str:
+    run = f"{JOB_PYTHON} -m slurm_elastic.vgpu.workload --util {util} --mem-mib 1000"
+    head = f"#!/bin/bash\nexport PYTHONPATH={REPO}\n"
+    return f"{head}{run}\nsleep 600\n" if then_sleep else f"{head}exec {run}\n"
+
+
+def submit(agents: Agents, script: str, node: str, gpus: int = 2, user: str = "root") -> int:
+    job = agents.cluster.submit(script, f"--gres=gpu:{gpus}", "-N1", "-n1", f"--nodelist={node}", user=user)
+    ended = {"FAILED", "COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+    state = agents.cluster.wait_state(job, {"RUNNING"} | ended, timeout=120)
+    if state != "RUNNING":
+        out = agents.cluster.jobs_dir / f"{job}.out"
+        raise AssertionError(f"job {job} is {state}: {out.read_text() if out.exists() else '(no output)'}")
+    return job
+
+
+def registered(agents: Agents, node: str, job: int) -> float:
+    """Waits until the job's workload is in its node's state file; returns when it was seen there."""
+    def probe() -> float | None:
+        jobs_dir = agents.cluster.root / "gpu-map" / node
+        mine = {int(p.name) for p in jobs_dir.iterdir() if p.read_text().split()[0] == str(job)}
+        entries = {p.gpu for p in agents.state(node).read().processes}
+        return time.time() if mine and mine <= entries else None
+    return wait_for(f"job {job}'s workload on {node}", probe)
+
+
+def job_in(report: NodeReport, job: int) -> JobReport | None:
+    return next((j for j in report.jobs if j.job_id == job), None)
+
+
+def report_after(agents: Agents, node: str, t: float) -> NodeReport:
+    """The first report sampled at least two sampling intervals after time t (i.e. the second sample after t)."""
+    return wait_for(f"a sample of {node} after t+2 intervals",
+                    lambda: r if (r := agents.report(node)).sampled_at and r.sampled_at >= t + 2 * INTERVAL_S else None)
+
+
+def test_a_job_at_90_percent_on_two_gpus_is_reported_at_90_within_two_samples(agents: Agents) -> None:
+    job = submit(agents, workload(90), "n1")
+    try:
+        seen = registered(agents, "n1", job)
+        report = report_after(agents, "n1", seen)
+        j = job_in(report, job)
+        assert j is not None, report.jobs
+        assert (j.gpus_allocated, j.gpus_in_use, j.user, j.account) == (2, 2, "root", "root")
+        assert j.util_last_percent is not None and abs(j.util_last_percent - 90) <= 5
+        gpus = [g for g in report.gpus if g.job_id == job]
+        assert len(gpus) == 2 and all(g.owner_source == "prolog" for g in gpus)
+        assert all(g.utilization_percent is not None and abs(g.utilization_percent - 90) <= 5 for g in gpus)
+        (proc,) = {p.pid: p for g in gpus for p in g.processes}.values()
+        assert (proc.job_id, proc.job_source, proc.step) == (job, "cgroup", "batch")  # real Slurm cgroup v1
+        assert proc.memory_used_mib == 1000
+    finally:
+        agents.cluster.cancel(job)
+
+
+def test_a_job_holding_two_gpus_without_processes_is_reported_at_0_with_none_in_use(agents: Agents) -> None:
+    job = submit(agents, "#!/bin/bash\nsleep 600\n", "n2")
+    try:
+        def seen() -> JobReport | None:
+            j = job_in(agents.report("n2"), job)
+            return j if j is not None and j.sample_count >= 2 else None
+        j = wait_for(f"job {job} on n2", seen)
+        assert (j.gpus_allocated, j.gpus_in_use) == (2, 0)
+        assert (j.util_last_percent, j.util_mean_percent, j.util_max_percent) == (0.0, 0.0, 0.0)
+        assert j.utilization_reason is None
+    finally:
+        agents.cluster.cancel(job)
+
+
+def test_two_jobs_on_one_node_are_kept_apart(agents: Agents) -> None:
+    busy = submit(agents, workload(90), "n3")
+    light = submit(agents, workload(10), "n3", user="alice")  # alice's workload edits root's state in place
+    try:
+        seen = max(registered(agents, "n3", busy), registered(agents, "n3", light))
+        report = report_after(agents, "n3", seen)
+        a, b = job_in(report, busy), job_in(report, light)
+        assert a is not None and b is not None, report.jobs
+        assert not set(a.devices) & set(b.devices)
+        assert (a.gpus_allocated, a.gpus_in_use, b.gpus_allocated, b.gpus_in_use) == (2, 2, 2, 2)
+        assert a.util_last_percent is not None and abs(a.util_last_percent - 90) <= 5
+        assert b.util_last_percent is not None and abs(b.util_last_percent - 10) <= 5
+        assert (a.user, b.user, b.account) == ("root", "alice", "nlp")
+        for g in report.gpus:
+            for p in g.processes:
+                assert p.job_id == g.job_id  # no process is attributed to the other job
+    finally:
+        agents.cluster.cancel(busy, light)
+
+
+def test_unauthenticated_requests_get_401(agents: Agents) -> None:
+    async def main() -> None:
+        async with aiohttp.ClientSession() as s:
+            for node in agents.cluster.nodes:
+                async with s.get(agents.url(node) + NODE_PATH) as resp:
+                    body = await resp.read()
+                    assert resp.status == 401 and b"gpus" not in body
+                forged = sign_request(b"x" * 64, "GET", NODE_PATH, b"", now=time.time())
+                async with s.get(agents.url(node) + NODE_PATH, headers=forged) as resp:
+                    assert resp.status == 401
+        async with AgentClient(b"y" * 64, timeout_s=10) as client:
+            with pytest.raises(AgentAuthError):
+                await client.fetch(agents.url("n1"))
+
+    asyncio.run(main())
+
+
+def test_killing_the_workload_makes_it_disappear_and_the_ended_job_too(agents: Agents) -> None:
+    job = submit(agents, workload(60, then_sleep=True), "n4")
+    try:
+        seen = registered(agents, "n4", job)
+        report = report_after(agents, "n4", seen)
+        pids = {p.pid for g in report.gpus for p in g.processes if p.job_id == job}
+        assert len(pids) == 1
+        os.kill(pids.pop(), signal.SIGKILL)  # no clean-up by the workload: its state entries stay behind
+
+        def workload_gone() -> JobReport | None:
+            r = agents.report("n4")
+            j = job_in(r, job)
+            return j if j is not None and j.gpus_in_use == 0 and not any(g.processes for g in r.gpus) else None
+        j = wait_for("the killed workload to vanish", workload_gone)
+        assert (j.gpus_allocated, j.util_last_percent) == (2, 0.0)  # the job still holds its GPUs, idle
+
+        agents.cluster.cancel(job)
+        agents.cluster.wait_state(job, {"CANCELLED", "COMPLETED"}, timeout=120)
+        wait_for("the ended job to vanish", lambda: True if job_in(agents.report("n4"), job) is None else None)
+        assert not any((agents.cluster.root / "gpu-map" / "n4").iterdir()), "epilog left map files"
+    finally:
+        agents.cluster.cancel(job)
+
+
+def test_metrics_of_a_live_agent(agents: Agents) -> None:
+    async def main() -> str:
+        async with aiohttp.ClientSession() as s, s.get(agents.url("n1") + "/metrics") as resp:
+            assert resp.status == 200
+            return await resp.text()
+
+    samples = [s for f in text_string_to_metric_families(asyncio.run(main())) for s in f.samples]
+    util = [s for s in samples if s.name == "DCGM_FI_DEV_GPU_UTIL"]
+    assert sorted(s.labels["gpu"] for s in util) == ["0", "1", "2", "3"]
+    assert {s.labels["node"] for s in util} == {"n1"}
+    assert [s.value for s in samples if s.name == "slurm_elastic_agent_nvml_up"] == [1.0]
