@@ -1,0 +1,93 @@
+"""The hook through which an elastic policy resizes running jobs in the simulator.
+
+Every scheduling cycle the engine builds a :class:`ClusterSnapshot` and calls ``policy(snapshot, now)``, which
+returns :class:`ResizeRequest` objects. The engine, not the policy, enforces the rules of a real cluster:
+
+* resizes are whole-node: a grow adds nodes whose GPUs are all free, a shrink releases all of the job's GPUs
+  on its most recently added nodes, and the first node (the batch host) is never released;
+* the target must lie within the job's bounds (``min_nodes..max_nodes``) and within what the performance model
+  covers; a request outside them is rejected, never clamped;
+* shrinks apply before the base scheduler runs, so the GPUs they free can admit queued jobs this cycle; grows
+  apply after it, from whole nodes still free (like a Slurm extension job, which queues behind older jobs);
+  a grow that cannot get all its nodes is rejected;
+* each applied resize costs the job ``resize_cost`` seconds without progress.
+
+The simulator never decides resizes itself: the only implementation in this package is none. The production
+adapter (to ``slurm_elastic.policy.decide``) lives elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One pending or running job as the policy sees it."""
+
+    job_id: str
+    state: Literal["PENDING", "RUNNING"]
+    submit_time: float
+    start_time: float | None  # first start
+    requested_gpus: int
+    num_nodes: int  # 0 while pending
+    num_gpus: int  # 0 while pending
+    nodes: tuple[int, ...]  # node indices, batch host first
+    gpus_per_node: tuple[int, ...]  # GPUs the job holds on each of ``nodes``
+    min_nodes: int
+    max_nodes: int
+    gpu_util: float  # what the agent would report now: compute/step time, 0 while (re)starting
+    progress: float  # fraction of the job done, 0..1
+    resizes: int
+    last_resize_time: float | None
+    restarting_until: float | None  # end of the current start/resize delay, if one is running
+
+
+@dataclass(frozen=True)
+class NodeView:
+    index: int
+    total_gpus: int
+    free_gpus: int
+    jobs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """The whole simulated cluster at ``now``. Jobs are in priority order (pending jobs in queue order)."""
+
+    now: float
+    gpus_per_node: int
+    total_gpus: int
+    free_gpus: int
+    nodes: tuple[NodeView, ...]
+    jobs: tuple[JobView, ...]
+
+
+@dataclass(frozen=True)
+class ResizeRequest:
+    """Ask the engine to bring a running job to ``target_nodes`` whole nodes."""
+
+    job_id: str
+    target_nodes: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ResizeOutcome:
+    """What the engine did with one request: ``applied`` or ``rejected`` with a stable reason code."""
+
+    time: float
+    job_id: str
+    from_nodes: int
+    target_nodes: int
+    result: Literal["applied", "rejected"]
+    code: str  # applied | not_running | unknown_job | out_of_bounds | no_free_nodes | model_range | no_change
+    message: str
+
+
+class ElasticPolicy(Protocol):
+    """``policy(snapshot, now) -> requests``. Pure: the same snapshot and time give the same requests."""
+
+    def __call__(self, snapshot: ClusterSnapshot, now: float) -> Sequence[ResizeRequest]: ...

@@ -1,0 +1,1 @@
+"""Job performance models: measured Pollux applications (:mod:`.pollux`), parametric (:mod:`.parametric`)."""
