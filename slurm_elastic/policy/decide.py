@@ -1,0 +1,163 @@
+"""``decide``: one decision per elastic unit, from the snapshot, metrics, history, config and the time.
+
+The cycle has four phases, each pure:
+
+1. **Evaluate** every unit on its own (:func:`_evaluate`): protections (not running, startup, cooldown),
+   bounds, the metrics gate (no, stale or too few metrics: hold, never shrink), the hysteresis band, goodput,
+   and the per-direction checks (no-grow/no-shrink, min/max, pending extension, near end, restart cost).
+   The result is a hold, or an *intent* to shrink or grow by some nodes. Paused units keep their intent
+   only in the message.
+2. **Walk** the pending jobs and the grow intents in priority order (equal priority: the pending job first).
+   A pending job that waits for nodes reserves the free nodes it could use (partition and GRES per node), up
+   to its node count; when it still does not fit and shrink-to-admit is on, units of lower priority give back
+   nodes above their min (victims: lowest priority, lowest efficiency, most recently grown). A grow intent
+   takes free nodes that fit it, keeping each partition's reserve, within its account's fair share and the
+   account/QOS quotas. Nodes already reserved or granted are gone for everyone after.
+3. **Build** decisions: shrink plans (extension jobs newest first, then leader nodes, never the batch host)
+   and grow plans (one extension job spanning the granted nodes).
+4. **Cap** the actions: the first ``max_actions_per_cycle`` by priority (then unit id) go ahead, the rest
+   hold with ACTION_CAP. A capped grow's nodes simply stay free for the next cycle.
+
+Everything is ordered explicitly (priority, then ids, natural node names), so the same input gives the same
+output whatever the order of units, jobs and nodes in it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from types import MappingProxyType
+
+from slurm_elastic.policy.config import PolicyConfig, SettingsResolver
+from slurm_elastic.policy.errors import PolicyInputError
+from slurm_elastic.policy.evaluate import evaluate
+from slurm_elastic.policy.model import Decision, GrowPlan, PolicyInput, ShrinkPlan
+from slurm_elastic.policy.reasons import Action, Basis, Reason
+from slurm_elastic.policy.shrink import plan_shrink
+from slurm_elastic.policy.walk import Walk
+from slurm_elastic.policy.work import Context, UnitWork
+
+
+def decide(inp: PolicyInput, cfg: PolicyConfig, now: datetime) -> list[Decision]:
+    """One decision per unit in ``inp.units``, sorted by unit id. Pure and deterministic.
+
+    Raises PolicyInputError for an inconsistent input (a caller bug), never for a cluster state.
+    """
+    _validate(inp)
+    cfg = cfg.at(now)
+    last_resize: dict[int, datetime] = {}
+    last_grow: dict[int, datetime] = {}
+    admit_at: dict[int, datetime] = {}
+    for rec in inp.history:
+        _latest(last_resize, rec.unit_id, rec.at)
+        if rec.action is Action.GROW:
+            _latest(last_grow, rec.unit_id, rec.at)
+        if rec.for_job is not None and rec.reason == Reason.SHRINK_TO_ADMIT:
+            _latest(admit_at, rec.for_job, rec.at)
+    for unit in inp.units:
+        for ext in unit.extensions:
+            when = ext.start_time or ext.submit_time
+            if when is not None:
+                _latest(last_resize, unit.unit_id, when)
+                _latest(last_grow, unit.unit_id, when)
+
+    ctx = Context(cfg, now, SettingsResolver(cfg), inp.utilization, last_resize, last_grow, cfg.paused_jobs)
+    works = [evaluate(unit, ctx) for unit in sorted(inp.units, key=lambda u: u.unit_id)]
+    Walk(inp, ctx, works, admit_at).run()
+    decisions = [_build(w, ctx) for w in works]
+    return sorted(_cap(decisions, cfg.max_actions_per_cycle), key=lambda d: d.unit_id)
+
+
+def _latest(table: dict[int, datetime], key: int, when: datetime) -> None:
+    old = table.get(key)
+    if old is None or when > old:
+        table[key] = when
+
+
+def _validate(inp: PolicyInput) -> None:
+    seen: set[int] = set()
+    ext_seen: set[int] = set()
+    for unit in inp.units:
+        if unit.unit_id in seen:
+            raise PolicyInputError(f"unit {unit.unit_id} appears twice in the policy input")
+        seen.add(unit.unit_id)
+        for ext in unit.extensions:
+            if ext.job_id in ext_seen or ext.job_id in seen:
+                raise PolicyInputError(f"extension job {ext.job_id} is claimed twice (unit {unit.unit_id})")
+            ext_seen.add(ext.job_id)
+            if ext.is_running and not ext.nodes:
+                raise PolicyInputError(f"running extension job {ext.job_id} of unit {unit.unit_id} has no nodes")
+    clash = seen & ext_seen
+    if clash:
+        raise PolicyInputError(f"job {min(clash)} is both a unit and an extension job")
+
+
+# --- phase 3 and 4: decisions and the cap ------------------------------------------------------------------------
+
+
+def _build(w: UnitWork, ctx: Context) -> Decision:
+    unit, job, s = w.unit, w.unit.job, w.settings
+
+    def make(
+        action: Action, target: int, reason: Reason, message: str, basis: Basis, *,
+        grow: GrowPlan | None = None, shrink: ShrinkPlan | None = None,
+    ) -> Decision:
+        return Decision(
+            unit_id=unit.unit_id, display_id=job.display_id, action=action, current_nodes=w.current,
+            target_nodes=target, reason=reason, message=message, basis=basis, priority=job.priority,
+            inputs=MappingProxyType(dict(w.inputs)), profile=ctx.cfg.active_profile,
+            grow=grow, shrink=shrink,
+            grace_s=s.grace_s if s is not None and action is Action.SHRINK else 0,
+            signal=s.signal if s is not None and action is Action.SHRINK else None,
+        )
+
+    if w.taken > 0:  # a shrink: metric-driven, to admit a pending job, or both
+        plan = plan_shrink(unit, w.removal(), w.taken, tuple(w.admits))
+        if w.reclaim_taken and not w.admit_taken:
+            assert s is not None
+            msg = (f"gives back {w.reclaim_taken} node(s) above min {unit.min_nodes} so that partition "
+                   f"{job.partition} keeps free_node_reserve {s.free_node_reserve} ({s.source('free_node_reserve')})")
+            if w.action is Action.SHRINK:
+                msg += f"; also {w.reason}: {w.message}"
+            return make(Action.SHRINK, w.current - w.taken, Reason.RESERVE_RECLAIM, msg, Basis.RESERVE, shrink=plan)
+        if not w.admit_taken:
+            return make(Action.SHRINK, w.current - w.taken, w.reason, w.message, w.basis, shrink=plan)
+        ids = ", ".join(str(j) for j in w.admits)
+        w.inputs["admits"] = ids
+        msg = (f"gives back {w.admit_taken} node(s) above min {unit.min_nodes} so that pending job(s) {ids} "
+               f"(priority {w.admit_priority} > {job.priority}) can start")
+        if w.action is Action.SHRINK:
+            msg += f"; also {w.reason}: {w.message}"
+        return make(Action.SHRINK, w.current - w.taken, Reason.SHRINK_TO_ADMIT, msg, Basis.QUEUE, shrink=plan)
+    if w.action is Action.GROW and w.granted:
+        remaining = job.remaining_seconds(ctx.now)
+        grow = GrowPlan(
+            nodes=tuple(w.granted), partition=job.partition, gres_per_node=job.gres_per_node,
+            tres_per_node=job.tres_per_node, user=job.user, account=job.account, qos=job.qos,
+            time_limit_s=None if remaining is None else max(0, int(remaining)),
+        )
+        return make(Action.GROW, w.current + len(w.granted), w.reason, w.message, w.basis, grow=grow)
+    if w.action is Action.GROW:  # refused by the walk
+        return make(Action.HOLD, w.current, w.final or Reason.NO_FREE_NODES, w.message, w.basis)
+    return make(Action.HOLD, w.current, w.reason, w.message, w.basis)
+
+
+def _cap(decisions: list[Decision], cap: int) -> list[Decision]:
+    actions = sorted((d for d in decisions if d.is_action), key=lambda d: (-d.priority, d.unit_id))
+    if len(actions) <= cap:
+        return decisions
+    capped = {d.unit_id for d in actions[cap:]}
+    out: list[Decision] = []
+    for d in decisions:
+        if d.unit_id not in capped:
+            out.append(d)
+            continue
+        inputs = dict(d.inputs)
+        inputs["would"] = str(d.reason)
+        out.append(Decision(
+            unit_id=d.unit_id, display_id=d.display_id, action=Action.HOLD, current_nodes=d.current_nodes,
+            target_nodes=d.current_nodes, reason=Reason.ACTION_CAP,
+            message=(f"would {d.action} {d.current_nodes} -> {d.target_nodes} ({d.reason}: {d.message}); "
+                     f"max_actions_per_cycle {cap} reached"),
+            basis=d.basis, priority=d.priority, inputs=MappingProxyType(inputs), profile=d.profile,
+        ))
+    return out

@@ -1,0 +1,210 @@
+"""Phase 1 of a cycle: each unit on its own, from protections to a hold or an intent to grow or shrink.
+
+Order of the checks (the first that applies decides): not running; invalid settings; startup protection;
+cooldown; above max (shrink) / below min (grow), which need no metrics; the metrics gate (no metrics, stale,
+window not filled, too few samples: always a hold); goodput (when on and the job publishes throughput);
+the hysteresis band; then, per direction, --no-shrink/--no-grow, min/max, a pending extension job, near-end
+and restart cost. A paused unit goes through all of it and then holds with PAUSED, its intent in the message.
+"""
+
+from __future__ import annotations
+
+from slurm_elastic.policy.capacity import need_of
+from slurm_elastic.policy.config import UnitSettings
+from slurm_elastic.policy.model import ElasticUnit, JobUtilization, Scalar
+from slurm_elastic.policy.reasons import Action, Basis, Reason
+from slurm_elastic.policy.signals import restart_gain_s, scaling, utilization_gate
+from slurm_elastic.policy.work import Context, UnitWork
+
+
+def _pct(value: float) -> str:
+    return f"{value:.0f}%"
+
+
+def evaluate(unit: ElasticUnit, ctx: Context) -> UnitWork:
+    job = unit.job
+    current = unit.current_nodes
+    inputs: dict[str, Scalar] = {
+        "current_nodes": current,
+        "min_nodes": unit.min_nodes,
+        "max_nodes": unit.max_nodes,
+        "priority": job.priority,
+    }
+    if not job.is_running or not job.nodes:
+        w = UnitWork(unit, None, current, (), inputs)
+        what = f"job is {job.state}" if not job.is_running else "job is RUNNING but Slurm reported no nodes"
+        return w.hold(Reason.NOT_RUNNING, what)
+    s = ctx.resolver.unit(unit)
+    w = UnitWork(unit, s, current, need_of(job.gres_per_node), inputs)
+    inputs["step"] = s.step
+    band = s.band_problem()
+    if band is not None:
+        return w.hold(Reason.INVALID_SETTINGS, band)
+    if unit.unit_id in ctx.paused_jobs:
+        w.paused_by = "paused_jobs"
+    elif s.paused:
+        w.paused_by = str(s.provenance["paused"])
+    w.last_grow = ctx.last_grow.get(unit.unit_id)
+    _intent(w, s, ctx)
+    protected = w.reason in (Reason.STARTUP, Reason.COOLDOWN)
+    w.reclaim_ok = not protected and w.paused_by is None and unit.spec.shrink and current > unit.min_nodes
+    w.victim_ok = w.reclaim_ok and s.shrink_to_admit
+    if w.paused_by is not None:
+        would = f"would {w.action} by {w.want}" if w.action is not Action.HOLD else "would hold"
+        inputs["would"] = str(w.reason)
+        w.hold(Reason.PAUSED, f"paused ({w.paused_by}); {would}: {w.reason}: {w.message}", w.basis)
+    return w
+
+
+def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
+    unit, job, now, current = w.unit, w.unit.job, ctx.now, w.current
+    spec = unit.spec
+    if job.start_time is None:
+        w.hold(Reason.STARTUP, "start time unknown")
+        return
+    age = (now - job.start_time).total_seconds()
+    if age < s.startup_protection_s:
+        w.inputs["running_s"] = round(age, 1)
+        w.hold(Reason.STARTUP, f"started {age:.0f}s ago < startup_protection_s {s.startup_protection_s}s")
+        return
+    last = ctx.last_resize.get(unit.unit_id)
+    if last is not None:
+        since = (now - last).total_seconds()
+        if since < s.cooldown_s:
+            w.inputs["since_resize_s"] = round(since, 1)
+            w.inputs["cooldown_s.source"] = s.source("cooldown_s")
+            w.hold(Reason.COOLDOWN,
+                   f"last resize {since:.0f}s ago < cooldown_s {s.cooldown_s}s ({s.source('cooldown_s')})")
+            return
+    if current > unit.max_nodes:
+        if not spec.shrink:
+            w.hold(Reason.SHRINK_DISABLED, f"{current} nodes > max {unit.max_nodes}, but --no-shrink", Basis.BOUNDS)
+        else:
+            w.intend(Action.SHRINK, Reason.ABOVE_MAX, f"{current} nodes > max {unit.max_nodes}", Basis.BOUNDS,
+                     current - unit.max_nodes)
+        return
+    util = ctx.utilization.get(unit.unit_id)
+    if current < unit.min_nodes:
+        _grow_checks(w, s, ctx, util=util, reason=Reason.BELOW_MIN, msg=f"{current} nodes < min {unit.min_nodes}",
+                     basis=Basis.BOUNDS, want=unit.min_nodes - current, efficiency=1.0)
+        return
+
+    gate = utilization_gate(util, s, now)
+    if util is not None:
+        w.inputs["gpus_allocated"] = util.gpus_allocated
+        w.inputs["gpus_in_use"] = util.gpus_in_use
+        w.inputs["samples"] = util.samples
+        w.inputs["window_covered_s"] = round(util.window_s, 1)
+        if util.last_sample_at is not None:
+            w.inputs["metric_age_s"] = round((now - util.last_sample_at).total_seconds(), 1)
+    if gate.reason is not None or gate.mean is None:
+        w.hold(gate.reason or Reason.NO_METRICS, gate.message)
+        return
+    assert util is not None
+    mean = gate.mean
+    w.inputs.update({
+        "mean_util": round(mean, 2),
+        "max_util": None if util.max_util is None else round(util.max_util, 2),
+        "scale_up_above": s.scale_up_above,
+        "scale_up_above.source": s.source("scale_up_above"),
+        "scale_down_below": s.scale_down_below,
+        "scale_down_below.source": s.source("scale_down_below"),
+    })
+    w.efficiency = mean / 100.0
+    over = f"over {util.window_s:.0f}s ({util.samples} samples)"
+
+    efficiency = 1.0
+    if s.goodput:
+        sc = scaling(util.throughput, current, s, now)
+        thr = s.goodput_min_marginal_efficiency
+        if sc.usable:
+            w.inputs["throughput"] = round(sc.current or 0.0, 4)
+            w.inputs["marginal_efficiency_last"] = None if sc.last_step is None else round(sc.last_step, 3)
+            w.inputs["marginal_efficiency_next"] = None if sc.next_step is None else round(sc.next_step, 3)
+            w.inputs["goodput_min_marginal_efficiency"] = thr
+            if sc.last_step is not None:
+                w.efficiency = sc.last_step
+            if mean >= s.scale_down_below and sc.last_step is not None and sc.last_step < thr:
+                if current > unit.min_nodes and spec.shrink:
+                    floor = max(unit.min_nodes, sc.prev_nodes or unit.min_nodes, current - s.step)
+                    w.intend(Action.SHRINK, Reason.LOW_MARGINAL_EFFICIENCY,
+                             f"growing from {sc.prev_nodes} to {current} nodes gave marginal efficiency "
+                             f"{sc.last_step:.2f} < {thr:.2f}; shrink back", Basis.THROUGHPUT, current - floor)
+                    return
+            if mean > s.scale_up_above and sc.next_step is not None:
+                kind = "measured" if sc.next_measured else "predicted"
+                if sc.next_step < thr:
+                    w.hold(Reason.LOW_MARGINAL_EFFICIENCY,
+                           f"mean util {_pct(mean)} > {s.scale_up_above}% but {kind} marginal efficiency of the "
+                           f"next step {sc.next_step:.2f} < {thr:.2f}", Basis.THROUGHPUT)
+                    return
+                efficiency = sc.next_step
+                _grow_checks(w, s, ctx, util=util, reason=Reason.OVERUTILIZED,
+                             msg=f"mean util {_pct(mean)} > {s.scale_up_above}% {over}, {kind} marginal "
+                             f"efficiency {sc.next_step:.2f} >= {thr:.2f}", basis=Basis.THROUGHPUT,
+                             want=min(s.step, unit.max_nodes - current), efficiency=efficiency)
+                return
+
+    if mean < s.scale_down_below:
+        msg = f"mean util {_pct(mean)} < {s.scale_down_below}% {over}"
+        if not spec.shrink:
+            w.hold(Reason.SHRINK_DISABLED, f"{msg}, but --no-shrink", Basis.UTILIZATION)
+        elif current <= unit.min_nodes:
+            w.hold(Reason.AT_MIN, f"{msg}, but at min {unit.min_nodes}", Basis.UTILIZATION)
+        else:
+            w.intend(Action.SHRINK, Reason.UNDERUTILIZED, msg, Basis.UTILIZATION,
+                     min(s.step, current - unit.min_nodes))
+        return
+    if mean > s.scale_up_above:
+        _grow_checks(w, s, ctx, util=util, reason=Reason.OVERUTILIZED,
+                     msg=f"mean util {_pct(mean)} > {s.scale_up_above}% {over}", basis=Basis.UTILIZATION,
+                     want=min(s.step, unit.max_nodes - current), efficiency=efficiency)
+        return
+    w.hold(Reason.IN_BAND, f"mean util {_pct(mean)} within {s.scale_down_below}%..{s.scale_up_above}% {over}",
+           Basis.UTILIZATION)
+
+
+def _grow_checks(
+    w: UnitWork,
+    s: UnitSettings,
+    ctx: Context,
+    *,
+    util: JobUtilization | None,
+    reason: Reason,
+    msg: str,
+    basis: Basis,
+    want: int,
+    efficiency: float,
+) -> None:
+    unit, current = w.unit, w.current
+    if not unit.spec.grow:
+        w.hold(Reason.GROW_DISABLED, f"{msg}, but --no-grow", basis)
+        return
+    if current >= unit.max_nodes:
+        w.hold(Reason.AT_MAX, f"{msg}, but at max {unit.max_nodes}", basis)
+        return
+    pending = unit.pending_extension_count
+    if pending:
+        w.hold(Reason.EXTENSION_PENDING, f"{msg}, but {pending} extension job(s) still pending", basis)
+        return
+    remaining = unit.job.remaining_seconds(ctx.now)
+    if remaining is not None:
+        w.inputs["remaining_s"] = round(remaining, 1)
+        if remaining < s.min_remaining_for_grow_s:
+            w.hold(Reason.NEAR_END,
+                   f"{msg}, but {max(0.0, remaining):.0f}s of time limit left < min_remaining_for_grow_s "
+                   f"{s.min_remaining_for_grow_s}s", basis)
+            return
+    if s.restart_cost_aware:
+        observed = util.restart_s if util is not None else None
+        cost = observed if observed is not None else float(s.restart_cost_s)
+        gain = restart_gain_s(remaining, cost, efficiency, want, current)
+        w.inputs["restart_cost_s"] = round(cost, 1)
+        w.inputs["restart_cost.source"] = "observed" if observed is not None else s.source("restart_cost_s")
+        w.inputs["expected_gain_s"] = None if gain == float("inf") else round(gain, 1)
+        if gain <= cost:
+            w.hold(Reason.RESTART_COST,
+                   f"{msg}, but expected gain {gain:.0f}s over the remaining {remaining or 0:.0f}s "
+                   f"<= restart cost {cost:.0f}s", basis)
+            return
+    w.intend(Action.GROW, reason, msg, basis, want)

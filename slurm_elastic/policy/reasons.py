@@ -1,0 +1,113 @@
+"""Stable codes: what a decision does (:class:`Action`), why (:class:`Reason`), and on what signal (:class:`Basis`).
+
+These values are stored in the database and printed by ``explain``; they are an interface. Add codes, never
+rename or reuse one.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Action(enum.StrEnum):
+    GROW = "grow"
+    SHRINK = "shrink"
+    HOLD = "hold"
+
+
+class Basis(enum.StrEnum):
+    """The signal a decision was based on."""
+
+    UTILIZATION = "utilization"  # mean GPU utilization over the window
+    THROUGHPUT = "throughput"  # the job's published throughput (goodput rule)
+    QUEUE = "queue"  # a pending job (shrink-to-admit)
+    RESERVE = "reserve"  # the partition's free-node reserve (reserve reclaim)
+    BOUNDS = "bounds"  # the unit is outside its min/max (e.g. a node failed, max lowered)
+    NONE = "none"  # nothing measured was used (protections, pauses, missing metrics)
+
+
+class Reason(enum.StrEnum):
+    """Why a decision was taken. One code per rule; the message carries the numbers."""
+
+    # metric-driven actions
+    UNDERUTILIZED = "UNDERUTILIZED"  # shrink: mean util below scale_down_below over the window
+    OVERUTILIZED = "OVERUTILIZED"  # grow: mean util above scale_up_above over the window
+    IN_BAND = "IN_BAND"  # hold: between the thresholds (hysteresis)
+    # bounds
+    BELOW_MIN = "BELOW_MIN"  # grow back to min (lost an extension/node)
+    ABOVE_MAX = "ABOVE_MAX"  # shrink down to max (max lowered)
+    AT_MIN = "AT_MIN"
+    AT_MAX = "AT_MAX"
+    # protections
+    NOT_RUNNING = "NOT_RUNNING"
+    STARTUP = "STARTUP"
+    COOLDOWN = "COOLDOWN"
+    NEAR_END = "NEAR_END"
+    EXTENSION_PENDING = "EXTENSION_PENDING"
+    GROW_DISABLED = "GROW_DISABLED"
+    SHRINK_DISABLED = "SHRINK_DISABLED"
+    INVALID_SETTINGS = "INVALID_SETTINGS"
+    PAUSED = "PAUSED"
+    ACTION_CAP = "ACTION_CAP"
+    # metrics quality
+    NO_METRICS = "NO_METRICS"
+    STALE_METRICS = "STALE_METRICS"
+    WINDOW_NOT_FILLED = "WINDOW_NOT_FILLED"
+    TOO_FEW_SAMPLES = "TOO_FEW_SAMPLES"
+    # capacity
+    NO_FREE_NODES = "NO_FREE_NODES"
+    PENDING_HIGHER_PRIORITY = "PENDING_HIGHER_PRIORITY"
+    RESERVE_KEPT = "RESERVE_KEPT"
+    RESERVE_RECLAIM = "RESERVE_RECLAIM"
+    # policy depth (issue 9), each behind a switch
+    SHRINK_TO_ADMIT = "SHRINK_TO_ADMIT"
+    FAIR_SHARE_LIMIT = "FAIR_SHARE_LIMIT"
+    RESTART_COST = "RESTART_COST"
+    LOW_MARGINAL_EFFICIENCY = "LOW_MARGINAL_EFFICIENCY"
+    QUOTA_REACHED = "QUOTA_REACHED"
+
+
+#: One line per reason, for docs/policy.md and ``explain --reasons``.
+REASON_DOCS: dict[Reason, str] = {
+    Reason.UNDERUTILIZED: "shrink: mean GPU utilization stayed below scale_down_below over a filled window",
+    Reason.OVERUTILIZED: "grow: mean GPU utilization stayed above scale_up_above over a filled window",
+    Reason.IN_BAND: "hold: utilization is between the thresholds (the hysteresis band)",
+    Reason.BELOW_MIN: "grow: the unit runs below its min (an extension job or node was lost); metrics not needed",
+    Reason.ABOVE_MAX: "shrink: the unit runs above its max (e.g. max lowered); metrics not needed",
+    Reason.AT_MIN: "hold: would shrink, but the unit is at its min",
+    Reason.AT_MAX: "hold: would grow, but the unit is at its max",
+    Reason.NOT_RUNNING: "hold: the unit's job is not RUNNING",
+    Reason.STARTUP: "hold: the job started less than startup_protection_s ago",
+    Reason.COOLDOWN: "hold: the unit was resized less than cooldown_s ago",
+    Reason.NEAR_END: "hold: would grow, but less than min_remaining_for_grow_s of the time limit is left",
+    Reason.EXTENSION_PENDING: "hold: would grow, but an extension job of this unit is still pending",
+    Reason.GROW_DISABLED: "hold: would grow, but the job said --no-grow",
+    Reason.SHRINK_DISABLED: "hold: would shrink, but the job said --no-shrink",
+    Reason.INVALID_SETTINGS: "hold: the unit's directives and the site policy combine into invalid settings",
+    Reason.PAUSED: "hold: the policy is paused for this job, its partition, account, QOS or globally",
+    Reason.ACTION_CAP: "hold: max_actions_per_cycle was reached; retried next cycle",
+    Reason.NO_METRICS: "hold: no utilization reported for the unit (never a shrink)",
+    Reason.STALE_METRICS: "hold: the last sample is older than max_metric_age_s (never a shrink)",
+    Reason.WINDOW_NOT_FILLED: "hold: the samples cover less than the window",
+    Reason.TOO_FEW_SAMPLES: "hold: fewer than min_samples samples in the window",
+    Reason.NO_FREE_NODES: "hold: would grow, but no free node of the partition fits the unit's GRES per node",
+    Reason.PENDING_HIGHER_PRIORITY: "hold: would grow, but a pending job of equal or higher priority can use the "
+    "free nodes",
+    Reason.RESERVE_KEPT: "hold: would grow, but that would leave fewer than free_node_reserve free nodes",
+    Reason.RESERVE_RECLAIM: "shrink: the partition has fewer free nodes than free_node_reserve and "
+    "reclaim_reserve is on (e.g. a profile raised the reserve)",
+    Reason.SHRINK_TO_ADMIT: "shrink: a higher-priority pending job is blocked only by nodes elastic units hold "
+    "above their min",
+    Reason.FAIR_SHARE_LIMIT: "hold (or smaller grow): the account's weighted share of spare nodes is used up",
+    Reason.RESTART_COST: "hold: the expected gain over the remaining time does not exceed the restart cost",
+    Reason.LOW_MARGINAL_EFFICIENCY: "hold or shrink: measured or predicted marginal efficiency is below "
+    "goodput_min_marginal_efficiency",
+    Reason.QUOTA_REACHED: "hold (or smaller grow): the account's or QOS's max_extension_nodes quota is used up",
+}
+
+
+def render_reasons_markdown() -> str:
+    """The reason-code table of docs/policy.md."""
+    lines = ["| code | meaning |", "|---|---|"]
+    lines.extend(f"| `{reason.value}` | {REASON_DOCS[reason]} |" for reason in Reason)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,193 @@
+"""The policy config keys as data: type, packaged default, range, where each may be set, and a doc line.
+
+This table is the packaged default configuration. The loader (:mod:`slurm_elastic.policy.config`) validates a
+site file against it, docs/policy.md shows it (a unit test keeps the two in step) and
+:func:`render_defaults_toml` prints it as a commented TOML file.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from slurm_elastic.directives.options import MAX_NODES, SIGNALS
+
+#: The config format this code reads (the ``version`` key). Bump when a key changes meaning.
+CONFIG_VERSION = 1
+
+
+class Kind(enum.Enum):
+    INT = "int"
+    PERCENT = "percent"  # int, 0..100
+    DURATION = "duration"  # int seconds
+    FLOAT = "float"
+    BOOL = "bool"
+    SIGNAL = "signal"  # a name from slurm_elastic.directives.options.SIGNALS
+    STR_LIST = "list of strings"
+    INT_LIST = "list of ints"
+
+
+class Scope(enum.Enum):
+    """Where a key may be set. Every key may also be set inside a profile, in the same scopes."""
+
+    GLOBAL = "global"
+    PARTITION = "partition"
+    ACCOUNT = "account"
+    QOS = "qos"
+
+
+ALL_SCOPES = frozenset(Scope)
+GLOBAL_ONLY = frozenset({Scope.GLOBAL})
+
+Value = int | float | bool | str | tuple[str, ...] | tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class KeyDef:
+    name: str
+    kind: Kind
+    default: Value
+    lo: float | None
+    hi: float | None
+    scopes: frozenset[Scope]
+    doc: str
+    directive: bool = False  # an #ELASTIC directive of the same name (ElasticSpec field) overrides it
+
+    def range_text(self) -> str:
+        if self.kind is Kind.SIGNAL:
+            return ", ".join(SIGNALS)
+        if self.lo is None or self.hi is None:
+            return ""
+        lo = int(self.lo) if self.kind is not Kind.FLOAT else self.lo
+        hi = int(self.hi) if self.kind is not Kind.FLOAT else self.hi
+        return f"{lo}..{hi}"
+
+    def scopes_text(self) -> str:
+        return ", ".join(s.value for s in Scope if s in self.scopes)
+
+
+_DAY = 86400
+_YEAR = 365 * _DAY
+
+KEYS: tuple[KeyDef, ...] = (
+    # --- thresholds and timing (also #ELASTIC directives, which win over the config) ---------------------
+    KeyDef("scale_up_above", Kind.PERCENT, 80, 1, 100, ALL_SCOPES,
+           "grow when mean GPU utilization over the window is above this (percent)", directive=True),
+    KeyDef("scale_down_below", Kind.PERCENT, 40, 0, 99, ALL_SCOPES,
+           "shrink when mean GPU utilization over the window is below this (percent); must be below "
+           "scale_up_above", directive=True),
+    KeyDef("window_s", Kind.DURATION, 600, 10, _DAY, ALL_SCOPES,
+           "seconds of samples a resize needs; the caller aggregates utilization over this window",
+           directive=True),
+    KeyDef("cooldown_s", Kind.DURATION, 300, 0, _DAY, ALL_SCOPES,
+           "no resize of a unit for this long after its last one (any outcome)", directive=True),
+    KeyDef("grace_s", Kind.DURATION, 120, 0, 3600, ALL_SCOPES,
+           "seconds between the warning signal and taking nodes away", directive=True),
+    KeyDef("signal", Kind.SIGNAL, "USR1", None, None, ALL_SCOPES,
+           "signal sent to the job before nodes are taken away", directive=True),
+    KeyDef("step", Kind.INT, 1, 1, MAX_NODES, ALL_SCOPES,
+           "nodes added or removed by one resize", directive=True),
+    # --- measurement quality --------------------------------------------------------------------------
+    KeyDef("min_samples", Kind.INT, 10, 1, 1_000_000, ALL_SCOPES,
+           "fewest utilization samples in the window for a metric-driven resize"),
+    KeyDef("max_metric_age_s", Kind.DURATION, 180, 1, _DAY, ALL_SCOPES,
+           "metrics whose last sample is older than this are stale: no resize on them"),
+    # --- protections ----------------------------------------------------------------------------------
+    KeyDef("startup_protection_s", Kind.DURATION, 300, 0, _DAY, ALL_SCOPES,
+           "no resize during this long after the job started"),
+    KeyDef("min_remaining_for_grow_s", Kind.DURATION, 900, 0, _YEAR, ALL_SCOPES,
+           "no grow when less than this much of the time limit remains"),
+    KeyDef("free_node_reserve", Kind.INT, 0, 0, MAX_NODES, frozenset({Scope.GLOBAL, Scope.PARTITION}),
+           "free nodes a grow must leave in each partition (a global value applies to every partition)"),
+    KeyDef("reclaim_reserve", Kind.BOOL, False, None, None, frozenset({Scope.GLOBAL, Scope.PARTITION}),
+           "when a partition has fewer free nodes than free_node_reserve, shrink elastic units there (above "
+           "their min) to restore it, a few per cycle"),
+    KeyDef("max_actions_per_cycle", Kind.INT, 10, 1, 100_000, GLOBAL_ONLY,
+           "most grow+shrink actions per cycle; the rest hold with ACTION_CAP (by priority, then job id)"),
+    KeyDef("pending_block_reasons", Kind.STR_LIST, ("None", "Priority", "Resources"), None, None, GLOBAL_ONLY,
+           "Slurm pending reasons of jobs that wait for nodes: only such jobs block grows or trigger "
+           "shrink-to-admit"),
+    KeyDef("paused", Kind.BOOL, False, None, None, ALL_SCOPES,
+           "decide but do not act: every decision becomes a hold with reason PAUSED"),
+    KeyDef("paused_jobs", Kind.INT_LIST, (), None, None, GLOBAL_ONLY,
+           "unit job ids paused individually"),
+    # --- policy depth (issue 9), each behind its switch ------------------------------------------------
+    KeyDef("shrink_to_admit", Kind.BOOL, False, None, None, ALL_SCOPES,
+           "let a higher-priority pending job take nodes this unit holds above its min (resolved for the "
+           "victim unit)"),
+    KeyDef("admit_backoff_s", Kind.DURATION, 1800, 0, _DAY, GLOBAL_ONLY,
+           "after a shrink-to-admit for a pending job, no further one for it during this long"),
+    KeyDef("fair_share", Kind.BOOL, False, None, None, frozenset({Scope.GLOBAL, Scope.PARTITION}),
+           "split a partition's spare nodes among grow candidates by account weights (sshare)"),
+    KeyDef("max_extension_nodes_per_account", Kind.INT, -1, -1, MAX_NODES,
+           frozenset({Scope.GLOBAL, Scope.ACCOUNT}),
+           "quota: most nodes one account may hold in extension jobs (-1: no quota)"),
+    KeyDef("max_extension_nodes_per_qos", Kind.INT, -1, -1, MAX_NODES, frozenset({Scope.GLOBAL, Scope.QOS}),
+           "quota: most nodes one QOS may hold in extension jobs (-1: no quota)"),
+    KeyDef("restart_cost_aware", Kind.BOOL, False, None, None, ALL_SCOPES,
+           "grow only when the expected gain over the remaining time exceeds the restart cost"),
+    KeyDef("restart_cost_s", Kind.DURATION, 60, 0, _DAY, ALL_SCOPES,
+           "seconds of progress one resize costs (a restart); the job's observed restart time wins"),
+    KeyDef("goodput", Kind.BOOL, False, None, None, ALL_SCOPES,
+           "use the job's published throughput: grow only while marginal efficiency is high enough, "
+           "shrink back when a grow did not pay"),
+    KeyDef("goodput_min_marginal_efficiency", Kind.FLOAT, 0.5, 0.0, 1.0, ALL_SCOPES,
+           "least marginal efficiency (gain of a step / gain of perfect scaling) to grow or stay grown"),
+    KeyDef("min_throughput_samples", Kind.INT, 3, 1, 100_000, ALL_SCOPES,
+           "fewest throughput samples at a size before that size's throughput is trusted"),
+)
+
+BY_NAME: Mapping[str, KeyDef] = {k.name: k for k in KEYS}
+DEFAULTS: Mapping[str, Value] = {k.name: k.default for k in KEYS}
+
+#: Top-level keys that are not settings.
+META_KEYS: Mapping[str, str] = {
+    "version": f"config format version; must be {CONFIG_VERSION}",
+    "active_profile": "name of the profile overlaid on everything else (optional; the shell may set it)",
+}
+SCOPE_TABLES: Mapping[str, Scope] = {"partition": Scope.PARTITION, "account": Scope.ACCOUNT, "qos": Scope.QOS}
+PROFILE_TABLE = "profile"
+
+
+def _toml_value(value: Value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def render_defaults_toml() -> str:
+    """The packaged defaults as a commented TOML file (valid input for the loader)."""
+    lines = [
+        "# slurm-elastic policy: packaged defaults. Copy and change what your site needs.",
+        "# Tables [partition.NAME], [account.NAME], [qos.NAME] override keys for their scope;",
+        "# [profile.NAME] (with its own partition/account/qos tables) is overlaid when active_profile names it",
+        "# or when one of its windows = [\"Mon-Fri 08:00-20:00\", ...] contains the current time.",
+        "",
+        f"version = {CONFIG_VERSION}",
+        "",
+    ]
+    for key in KEYS:
+        extra = f"; range {key.range_text()}" if key.range_text() else ""
+        lines.append(f"# {key.doc} ({key.kind.value}{extra}; scopes: {key.scopes_text()})")
+        lines.append(f"{key.name} = {_toml_value(key.default)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_keys_markdown() -> str:
+    """The keys table of docs/policy.md."""
+    out = [
+        "| key | type | default | range | scopes | meaning |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in KEYS:
+        directive = " (an `#ELASTIC` directive wins)" if key.directive else ""
+        out.append(
+            f"| `{key.name}` | {key.kind.value} | `{_toml_value(key.default)}` | {key.range_text()} | "
+            f"{key.scopes_text()} | {key.doc}{directive} |"
+        )
+    return "\n".join(out) + "\n"

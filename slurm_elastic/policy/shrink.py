@@ -1,0 +1,77 @@
+"""Which nodes a shrink gives back, and in what order (see issue 4, section 2).
+
+Order: pending extension jobs are always cancelled (they hold no node yet but would grow the job again);
+then running extension jobs, newest first, each from its last node to its own first node; then the leader's
+nodes from the last one, never its keep host (the batch host). Each extension job's first node goes last, so
+an extension job that loses only part of its nodes is shrunk in place and keeps its batch host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from slurm_elastic.policy.model import ElasticUnit, ExtensionJob, ExtensionShrink, ShrinkPlan
+
+
+@dataclass(frozen=True)
+class Removable:
+    node: str
+    extension: int | None  # job id, or None for the leader
+
+
+def _when(ext: ExtensionJob) -> datetime | None:
+    return ext.start_time or ext.submit_time
+
+
+def newest_first(exts: list[ExtensionJob]) -> list[ExtensionJob]:
+    """Newest first by start (else submit) time, then higher job id; extensions without a time count oldest."""
+    timed = sorted((e for e in exts if _when(e) is not None), key=lambda e: (_when(e), e.job_id), reverse=True)
+    untimed = sorted((e for e in exts if _when(e) is None), key=lambda e: e.job_id, reverse=True)
+    return timed + untimed
+
+
+def _ext_order(ext: ExtensionJob) -> list[str]:
+    host = ext.batch_host if ext.batch_host in ext.nodes else ext.nodes[0]
+    rest = [n for n in ext.nodes if n != host]
+    return [*reversed(rest), host]
+
+
+def removal_order(unit: ElasticUnit) -> list[Removable]:
+    """Every node the unit could give back, first to go first (the keep host is never in it)."""
+    order: list[Removable] = []
+    for ext in newest_first([e for e in unit.extensions if e.is_running and e.nodes]):
+        order.extend(Removable(n, ext.job_id) for n in _ext_order(ext))
+    keep = unit.keep_host
+    order.extend(Removable(n, None) for n in reversed(unit.job.nodes) if n != keep)
+    return order
+
+
+def plan_shrink(unit: ElasticUnit, order: list[Removable], amount: int, admits: tuple[int, ...] = ()) -> ShrinkPlan:
+    """The plan that gives back the first ``amount`` nodes of ``order`` (from :func:`removal_order`)."""
+    gone = order[:amount]
+    gone_set = {r.node for r in gone}
+    cancel = [e.job_id for e in sorted(unit.pending_extensions, key=lambda e: e.job_id)]
+    partial: ExtensionShrink | None = None
+    by_id = {e.job_id: e for e in unit.extensions}
+    seen: list[int] = []
+    for r in gone:
+        if r.extension is not None and r.extension not in seen:
+            seen.append(r.extension)
+    for ext_id in seen:
+        ext = by_id[ext_id]
+        keep = tuple(n for n in ext.nodes if n not in gone_set)
+        if keep:
+            partial = ExtensionShrink(ext_id, keep)
+        else:
+            cancel.append(ext_id)
+    leader_keep: tuple[str, ...] | None = None
+    if any(r.extension is None for r in gone):
+        leader_keep = tuple(n for n in unit.job.nodes if n not in gone_set)
+    return ShrinkPlan(
+        cancel_extensions=tuple(cancel),
+        shrink_extension=partial,
+        leader_keep_nodes=leader_keep,
+        released_nodes=tuple(r.node for r in gone),
+        admits=admits,
+    )

@@ -1,0 +1,338 @@
+"""Phase 2 of a cycle: pending jobs and grow intents in priority order, over one pool of free nodes.
+
+Equal priority puts the pending job first ("grow only if no pending job with equal or higher priority could use
+those nodes"). A pending job that waits for nodes (its Slurm reason is in ``pending_block_reasons``) reserves
+the free nodes it could use, up to its node count, whether or not that is enough for it: Slurm would hold them
+for it too. Pending extension jobs are ours, so they never compete, and the nodes they asked for are not free.
+
+Shrink-to-admit (when a pending job still does not fit): nodes that metric shrinks give back anyway are claimed
+first, then lower-priority units that allow it (``shrink_to_admit``, not protected, not paused) give back nodes
+above their min in their shrink order, best victim first (lowest priority, lowest efficiency, most recently
+grown), each only while its next node would fit the pending job once freed. If all of that is not enough, the
+pending job is not blocked *only* by elastic surplus, and nobody shrinks for it.
+
+A grow intent then takes free nodes that fit its GRES per node in its partition, keeping every partition's
+``free_node_reserve``, within the account/QOS quotas on extension nodes and, with ``fair_share``, within its
+account's weighted part of the partition's spare nodes. It may get fewer nodes than it wanted (the message
+says why), or none (the hold says why: NO_FREE_NODES, PENDING_HIGHER_PRIORITY, RESERVE_KEPT, QUOTA_REACHED,
+FAIR_SHARE_LIMIT).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from slurm_elastic.policy.capacity import FreeGres, Need, NodePool, Status, add_gres, fits, free_gres, need_of
+from slurm_elastic.policy.fairshare import split_spare
+from slurm_elastic.policy.model import PolicyInput
+from slurm_elastic.policy.reasons import Action, Reason
+from slurm_elastic.policy.work import NO_ACCOUNT, Context, UnitWork
+from slurm_elastic.slurm.model import Job, Node
+
+
+def victim_key(w: UnitWork, grow_rank: Mapping[datetime, int]) -> tuple[int, int, float, int, int]:
+    """Lowest priority first, then lowest measured efficiency (unknown after known), then most recently grown
+    (never grown last), then unit id."""
+    eff = w.efficiency
+    rank = grow_rank.get(w.last_grow) if w.last_grow is not None else None
+    return (
+        w.priority,
+        0 if eff is not None else 1,
+        eff if eff is not None else 0.0,
+        -rank if rank is not None else 1,
+        w.unit_id,
+    )
+
+
+class _NodeInfo:
+    """Free GRES and partitions of any node of the snapshot (not only free ones), computed on demand."""
+
+    def __init__(self, nodes: tuple[Node, ...]) -> None:
+        self._nodes = {n.name: n for n in nodes}
+        self._free: dict[str, FreeGres] = {}
+
+    def free(self, name: str) -> FreeGres | None:
+        hit = self._free.get(name)
+        if hit is None:
+            node = self._nodes.get(name)
+            if node is None:
+                return None
+            hit = self._free[name] = free_gres(node)
+        return hit
+
+    def node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
+
+    def partitions(self, name: str) -> tuple[str, ...]:
+        node = self._nodes.get(name)
+        return node.partitions if node is not None else ()
+
+
+def _need_text(need: Need) -> str:
+    return ",".join(f"{n}:{t}:{c}" if t else f"{n}:{c}" for (n, t), c in need) or "no GRES"
+
+
+@dataclass
+class Walk:
+    """One walk. Build it, call :meth:`run`; results land on the UnitWork objects."""
+
+    inp: PolicyInput
+    ctx: Context
+    works: list[UnitWork]
+    admit_at: Mapping[int, datetime]
+    pool: NodePool = field(init=False)
+    info: _NodeInfo = field(init=False)
+    reserves: dict[str, int] = field(default_factory=dict)
+    victims: dict[str, list[UnitWork]] = field(default_factory=dict)  # partition -> best victim first
+    freeing: dict[str, list[tuple[str, UnitWork]]] = field(default_factory=dict)  # given back by metric shrinks
+    claimed: set[str] = field(default_factory=set)
+    failed_admits: dict[tuple[tuple[str, ...], Need], int] = field(default_factory=dict)
+    ext_by_account: dict[str, int] = field(default_factory=dict)
+    ext_by_qos: dict[str, int] = field(default_factory=dict)
+    demand: dict[str, dict[str, int]] = field(default_factory=dict)  # partition -> account -> nodes wanted
+    fair: dict[str, dict[str, int]] = field(default_factory=dict)  # partition -> account -> nodes left
+    first_reserver: dict[str, Job] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        snap = self.inp.snapshot
+        taken: set[str] = set()  # never free, whatever the node's state says
+        for unit in self.inp.units:
+            taken.update(unit.job.nodes)
+            held = 0
+            for ext in unit.extensions:
+                if ext.is_pending:
+                    taken.update(ext.nodes)  # asked for by our own pending extension job
+                    held += ext.node_count
+                elif ext.is_running:
+                    taken.update(ext.nodes)
+                    held += len(ext.nodes)
+            account, qos = unit.job.account or NO_ACCOUNT, unit.job.qos or NO_ACCOUNT
+            self.ext_by_account[account] = self.ext_by_account.get(account, 0) + held
+            self.ext_by_qos[qos] = self.ext_by_qos.get(qos, 0) + held
+        self.pool = NodePool(snap.nodes, frozenset(taken))
+        self.info = _NodeInfo(snap.nodes)
+        for node in snap.nodes:
+            for part in node.partitions:
+                if part not in self.reserves:
+                    value = self.ctx.resolver.scope(part, None, None)["free_node_reserve"].value
+                    assert isinstance(value, int)
+                    self.reserves[part] = value
+        for w in self.works:
+            if w.action is Action.SHRINK:
+                w.taken = w.want
+                for r in w.removal()[: w.want]:
+                    self.freeing.setdefault(w.unit.job.partition, []).append((r.node, w))
+            if w.victim_ok:
+                self.victims.setdefault(w.unit.job.partition, []).append(w)
+            if w.action is Action.GROW:
+                part_d = self.demand.setdefault(w.unit.job.partition, {})
+                account = w.unit.job.account or NO_ACCOUNT
+                part_d[account] = part_d.get(account, 0) + w.want
+        grown = sorted({w.last_grow for w in self.works if w.last_grow is not None})
+        rank = {t: i for i, t in enumerate(grown)}
+        for lst in self.victims.values():
+            lst.sort(key=lambda v: victim_key(v, rank))
+
+    def run(self) -> None:
+        self._reclaim()
+        ext_ids = {e.job_id for u in self.inp.units for e in u.extensions}
+        block = self.ctx.cfg.pending_block_reasons
+        events: list[tuple[tuple[int, int, int], Job | UnitWork]] = []
+        for job in self.inp.snapshot.jobs:
+            if job.is_pending and job.job_id not in ext_ids and (job.state_reason or "None") in block:
+                events.append(((-job.priority, 0, job.job_id), job))
+        for w in self.works:
+            if w.action is Action.GROW:
+                events.append(((-w.priority, 1, w.unit_id), w))
+        events.sort(key=lambda e: e[0])
+        for _, item in events:
+            if isinstance(item, Job):
+                self._pending(item)
+            elif not item.admits and not item.reclaim_taken:  # a unit giving nodes back does not grow
+                self._grant(item)
+
+    # --- reserve reclaim ----------------------------------------------------------------------------------------
+
+    def _frees_node(self, name: str, holder: UnitWork, part: str) -> bool:
+        """Would node ``name`` become a free node of ``part`` once ``holder`` gives it back?"""
+        node = self.info.node(name)
+        if node is None or part not in node.partitions or not node.is_available:
+            return False
+        free = dict(add_gres(self.info.free(name) or (), holder.need))
+        return free.get(("gpu", None), 0) >= node.gpus()
+
+    def _reclaim(self) -> None:
+        """Partitions below their reserve, with reclaim_reserve on: shrink units there (best victim first) by
+        what is missing, counting nodes that metric shrinks give back anyway. Partial progress is kept: the
+        reserve is restored over cycles, within the action cap."""
+        for part in sorted(self.reserves):
+            reserve = self.reserves[part]
+            if not reserve or not self.ctx.resolver.scope(part, None, None)["reclaim_reserve"].value:
+                continue
+            deficit = reserve - self.pool.free_count(part)
+            for name, holder in self.freeing.get(part, ()):
+                if deficit <= 0:
+                    break
+                if name not in self.claimed and self._frees_node(name, holder, part):
+                    self.claimed.add(name)
+                    deficit -= 1
+            if deficit <= 0:
+                continue
+            grown = sorted({w.last_grow for w in self.works if w.last_grow is not None})
+            rank = {t: i for i, t in enumerate(grown)}
+            candidates = sorted((w for w in self.works if w.reclaim_ok and w.unit.job.partition == part),
+                                key=lambda v: victim_key(v, rank))
+            for w in candidates:
+                if deficit <= 0:
+                    break
+                order = w.removal()
+                k = 0
+                while w.current - w.unit.min_nodes - w.taken - k > 0 and deficit > 0 and w.taken + k < len(order):
+                    if not self._frees_node(order[w.taken + k].node, w, part):
+                        break
+                    k += 1
+                    deficit -= 1
+                w.taken += k
+                w.reclaim_taken += k
+
+    # --- pending jobs -------------------------------------------------------------------------------------------
+
+    def _pending(self, job: Job) -> None:
+        if not len(self.pool) and not self.victims:
+            return
+        parts = tuple(p for p in job.partition.split(",") if p)
+        need = need_of(job.gres_per_node)
+        count = max(1, job.node_count)
+        got = self.pool.take(parts, need, count, status=Status.RESERVED, holder=job.job_id)
+        for name in got:
+            for part in self.pool.partitions_of[name]:
+                self.first_reserver.setdefault(part, job)
+        if len(got) >= count or not self.victims:
+            return
+        when = self.admit_at.get(job.job_id)
+        if when is not None and (self.ctx.now - when).total_seconds() < self.ctx.cfg.admit_backoff_s:
+            return  # shrunk for it recently and it has not started: Slurm chose otherwise, back off
+        self._admit(job, parts, need, count - len(got))
+
+    def _helps(self, name: str, holder: UnitWork, parts: set[str], need: Need) -> bool:
+        """Would node ``name`` fit the pending job once ``holder`` gives it back?"""
+        free = self.info.free(name)
+        if free is None or parts.isdisjoint(self.info.partitions(name)):
+            return False
+        return fits(add_gres(free, holder.need), need)
+
+    def _admit(self, job: Job, parts: tuple[str, ...], need: Need, deficit: int) -> None:
+        """Shrink lower-priority units just enough for ``job`` to fit, or change nothing if they can not."""
+        memo = (parts, need)
+        failed_at = self.failed_admits.get(memo)
+        if failed_at is not None and deficit >= failed_at:
+            return  # surplus only shrinks during a walk and later jobs have lower priority: still no fit
+        part_set = set(parts)
+        claims: list[str] = []
+        for part in parts:
+            for name, holder in self.freeing.get(part, ()):
+                if len(claims) >= deficit:
+                    break
+                if name not in self.claimed and name not in claims and self._helps(name, holder, part_set, need):
+                    claims.append(name)
+        still = deficit - len(claims)
+        tentative: list[tuple[UnitWork, int]] = []
+        for part in parts:
+            for w in self.victims.get(part, ()):
+                if still <= 0 or w.priority >= job.priority:
+                    break
+                surplus = w.current - w.unit.min_nodes - w.taken
+                order = w.removal()
+                k = 0
+                while k < surplus and still > 0 and w.taken + k < len(order):
+                    if not self._helps(order[w.taken + k].node, w, part_set, need):
+                        break
+                    k += 1
+                    still -= 1
+                if k:
+                    tentative.append((w, k))
+        if still > 0:
+            self.failed_admits[memo] = min(deficit, failed_at if failed_at is not None else deficit)
+            return
+        self.claimed.update(claims)
+        for w, k in tentative:
+            w.taken += k
+            w.admit_taken += k
+            w.admits.append(job.job_id)
+            w.admit_priority = max(w.admit_priority, job.priority)
+
+    # --- grow intents ---------------------------------------------------------------------------------------------
+
+    def _refuse(self, w: UnitWork, reason: Reason, why: str) -> None:
+        w.final = reason
+        w.message += f", but {why}"
+
+    def _grant(self, w: UnitWork) -> None:
+        job, pool = w.unit.job, self.pool
+        part = job.partition
+        s = w.settings
+        assert s is not None
+        fitting = pool.count_fit(part, w.need)
+        if fitting == 0:
+            if pool.count_fit(part, w.need, Status.RESERVED) > 0:
+                holder = self.first_reserver.get(part)
+                who = f" (e.g. job {holder.job_id}, priority {holder.priority})" if holder is not None else ""
+                self._refuse(w, Reason.PENDING_HIGHER_PRIORITY,
+                             f"the free nodes that fit are held for pending jobs of priority >= {job.priority}{who}")
+            elif pool.count_fit(part, w.need, Status.GRANTED) > 0:
+                self._refuse(w, Reason.NO_FREE_NODES, f"the free nodes of partition {part} that fit "
+                             f"({_need_text(w.need)}) went to higher-priority grows")
+            else:
+                self._refuse(w, Reason.NO_FREE_NODES,
+                             f"no free node of partition {part} fits {_need_text(w.need)} per node")
+            return
+        want = w.want
+        limits: list[str] = []
+        account, qos = job.account or NO_ACCOUNT, job.qos or NO_ACCOUNT
+        for key, label, quota, held in (
+            ("account", f"account {account}", s.max_extension_nodes_per_account,
+             self.ext_by_account.get(account, 0)),
+            ("qos", f"QOS {qos}", s.max_extension_nodes_per_qos, self.ext_by_qos.get(qos, 0)),
+        ):
+            if quota < 0:
+                continue
+            w.inputs[f"{key}_quota_left"] = quota - held
+            if held >= quota:
+                self._refuse(w, Reason.QUOTA_REACHED, f"{label} holds {held} extension nodes >= "
+                             f"max_extension_nodes_per_{key} {quota}")
+                return
+            if quota - held < want:
+                want = quota - held
+                limits.append(f"{label} quota")
+        if s.fair_share:
+            if part not in self.fair:
+                spare = max(0, pool.free_count(part) - self.reserves.get(part, 0))
+                self.fair[part] = split_spare(spare, self.demand.get(part, {}), self.inp.account_shares)
+            left = self.fair[part].get(account, 0)
+            w.inputs["fair_share_nodes_left"] = left
+            if left <= 0:
+                self._refuse(w, Reason.FAIR_SHARE_LIMIT,
+                             f"account {account} has used its fair share of partition {part}'s spare nodes")
+                return
+            if left < want:
+                want = left
+                limits.append(f"account {account} fair share")
+        reserve = self.reserves if any(self.reserves.values()) else None
+        got = pool.take([part], w.need, want, status=Status.GRANTED, reserve=reserve)
+        if not got:
+            self._refuse(w, Reason.RESERVE_KEPT, f"growing would leave fewer than free_node_reserve "
+                         f"{self.reserves.get(part, 0)} free nodes in partition {part}")
+            return
+        if len(got) < want:
+            limits.append("free_node_reserve" if len(got) < min(want, fitting) else "free nodes")
+        if len(got) < w.want:
+            w.message += f"; +{len(got)} of {w.want} wanted, limited by {' and '.join(limits)}: {','.join(got)}"
+        else:
+            w.message += f"; +{len(got)} node(s): {','.join(got)}"
+        w.granted = got
+        self.ext_by_account[account] = self.ext_by_account.get(account, 0) + len(got)
+        self.ext_by_qos[qos] = self.ext_by_qos.get(qos, 0) + len(got)
+        if s.fair_share:
+            self.fair[part][account] -= len(got)

@@ -1,0 +1,78 @@
+"""Working state of one decide() call: per-unit scratch values and the shared context. Never returned."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from slurm_elastic.policy.capacity import Need
+from slurm_elastic.policy.config import PolicyConfig, SettingsResolver, UnitSettings
+from slurm_elastic.policy.model import ElasticUnit, JobUtilization, Scalar
+from slurm_elastic.policy.reasons import Action, Basis, Reason
+from slurm_elastic.policy.shrink import Removable, removal_order
+
+NO_ACCOUNT = "(none)"
+
+
+@dataclass
+class UnitWork:
+    """Mutable working state of one unit during one decide() call."""
+
+    unit: ElasticUnit
+    settings: UnitSettings | None
+    current: int
+    need: Need
+    inputs: dict[str, Scalar]
+    action: Action = Action.HOLD
+    reason: Reason = Reason.IN_BAND
+    basis: Basis = Basis.NONE
+    message: str = ""
+    want: int = 0  # nodes to add (grow) or remove (shrink)
+    paused_by: str | None = None
+    victim_ok: bool = False  # may shrink to admit a pending job
+    reclaim_ok: bool = False  # may shrink to restore its partition's reserve
+    efficiency: float | None = None
+    last_grow: datetime | None = None
+    taken: int = 0  # nodes committed to removal
+    admit_taken: int = 0
+    admits: list[int] = field(default_factory=list)
+    admit_priority: int = 0
+    reclaim_taken: int = 0
+    order: list[Removable] | None = None
+    granted: list[str] = field(default_factory=list)
+    final: Reason | None = None  # hold reason set by the walk
+
+    @property
+    def unit_id(self) -> int:
+        return self.unit.unit_id
+
+    @property
+    def priority(self) -> int:
+        return self.unit.job.priority
+
+    def hold(self, reason: Reason, message: str, basis: Basis = Basis.NONE) -> UnitWork:
+        self.action, self.reason, self.message, self.basis, self.want = Action.HOLD, reason, message, basis, 0
+        return self
+
+    def intend(self, action: Action, reason: Reason, message: str, basis: Basis, want: int) -> UnitWork:
+        self.action, self.reason, self.message, self.basis, self.want = action, reason, message, basis, want
+        return self
+
+    def removal(self) -> list[Removable]:
+        if self.order is None:
+            self.order = removal_order(self.unit)
+        return self.order
+
+
+@dataclass
+class Context:
+    """What every phase reads: config, time, resolver and the history indexes."""
+
+    cfg: PolicyConfig
+    now: datetime
+    resolver: SettingsResolver
+    utilization: Mapping[int, JobUtilization]
+    last_resize: dict[int, datetime]
+    last_grow: dict[int, datetime]
+    paused_jobs: frozenset[int]

@@ -1,0 +1,159 @@
+"""Shrink-to-admit: a higher-priority pending job blocked only by elastic surplus gets just enough nodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slurm_elastic.policy import Action, Basis, Decision, ElasticUnit, JobUtilization, Reason, ResizeRecord, decide
+from slurm_elastic.slurm.model import Job, Node
+from tests.unit.policy_builders import NOW, cfg, ext, job, make_input, node, nodes, pending, record, unit, util
+
+
+def _run(
+    units: list[ElasticUnit],
+    all_nodes: list[Node],
+    pend: list[Job],
+    *,
+    utils: list[JobUtilization] | None = None,
+    history: list[ResizeRecord] | None = None,
+    **cfg_values: Any,
+) -> dict[int, Decision]:
+    cfg_values.setdefault("shrink_to_admit", True)
+    utils = utils if utils is not None else [util(u.unit_id, 60) for u in units]
+    inp = make_input(units, all_nodes, pending_jobs=pend, utils=utils, history=history or [])
+    return {d.unit_id: d for d in decide(inp, cfg(**cfg_values), NOW)}
+
+
+def _busy(*names: str) -> list[Node]:
+    return [node(n, used=4) for n in names]
+
+
+def test_just_enough_nodes_are_taken_and_min_is_kept() -> None:
+    u = unit(job(100, nodes=("n1", "n2", "n3", "n4"), priority=10), min_nodes=2)
+    d = _run([u], _busy("n1", "n2", "n3", "n4"), [pending(900, count=1, priority=100)])[100]
+    assert (d.action, d.reason, d.basis) == (Action.SHRINK, Reason.SHRINK_TO_ADMIT, Basis.QUEUE)
+    assert d.target_nodes == 3
+    assert d.shrink is not None and d.shrink.admits == (900,) and d.shrink.released_nodes == ("n4",)
+    assert d.grace_s == 120 and d.signal == "USR1"
+    d = _run([u], _busy("n1", "n2", "n3", "n4"), [pending(900, count=2, priority=100)])[100]
+    assert d.target_nodes == 2
+    d = _run([u], _busy("n1", "n2", "n3", "n4"), [pending(900, count=3, priority=100)])[100]
+    assert d.action is Action.HOLD  # would need to go below min: not blocked only by surplus
+
+
+def test_free_nodes_count_towards_the_pending_job() -> None:
+    u = unit(job(100, nodes=("n1", "n2", "n3"), priority=10))
+    d = _run([u], [*_busy("n1", "n2", "n3"), node("f1")], [pending(900, count=2, priority=100)])[100]
+    assert d.target_nodes == 2 and d.shrink is not None and d.shrink.released_nodes == ("n3",)
+
+
+def test_only_for_higher_priority_pending_jobs() -> None:
+    u = unit(job(100, nodes=("n1", "n2"), priority=100))
+    assert _run([u], _busy("n1", "n2"), [pending(900, priority=100)])[100].action is Action.HOLD
+    assert _run([u], _busy("n1", "n2"), [pending(900, priority=99)])[100].action is Action.HOLD
+    assert _run([u], _busy("n1", "n2"), [pending(900, priority=101)])[100].action is Action.SHRINK
+
+
+def test_off_by_default_and_per_scope() -> None:
+    u = unit(job(100, nodes=("n1", "n2"), priority=10, qos="scavenger"))
+    pend = [pending(900, priority=100)]
+    assert _run([u], _busy("n1", "n2"), pend, shrink_to_admit=False)[100].action is Action.HOLD
+    on_for_qos = _run([u], _busy("n1", "n2"), pend, shrink_to_admit=False,
+                      qos={"scavenger": {"shrink_to_admit": True}})
+    assert on_for_qos[100].reason is Reason.SHRINK_TO_ADMIT
+
+
+def test_victims_lowest_priority_first() -> None:
+    a = unit(job(100, nodes=("a1", "a2"), priority=50))
+    b = unit(job(200, nodes=("b1", "b2"), priority=40))
+    d = _run([a, b], _busy("a1", "a2", "b1", "b2"), [pending(900, priority=100)])
+    assert d[200].reason is Reason.SHRINK_TO_ADMIT and d[100].action is Action.HOLD
+
+
+def test_victims_lowest_efficiency_then_most_recently_grown() -> None:
+    a = unit(job(100, nodes=("a1", "a2"), priority=50))
+    b = unit(job(200, nodes=("b1", "b2"), priority=50))
+    busy = _busy("a1", "a2", "b1", "b2")
+    pend = [pending(900, priority=100)]
+    d = _run([a, b], busy, pend, utils=[util(100, 70), util(200, 50)])
+    assert d[200].reason is Reason.SHRINK_TO_ADMIT and d[100].action is Action.HOLD
+    d = _run([a, b], busy, pend, utils=[util(100, 50), util(200, 50)],
+             history=[record(100, 5000), record(200, 4000)])
+    assert d[200].reason is Reason.SHRINK_TO_ADMIT and d[100].action is Action.HOLD
+    d = _run([a, b], busy, pend, utils=[util(100, 50), util(200, 50)], history=[record(100, 4000)])
+    assert d[100].reason is Reason.SHRINK_TO_ADMIT and d[200].action is Action.HOLD
+
+
+def test_several_victims_when_one_is_not_enough() -> None:
+    a = unit(job(100, nodes=("a1", "a2"), priority=50))
+    b = unit(job(200, nodes=("b1", "b2"), priority=40))
+    d = _run([a, b], _busy("a1", "a2", "b1", "b2"), [pending(900, count=2, priority=100)])
+    assert d[100].target_nodes == 1 and d[200].target_nodes == 1
+    assert d[100].shrink is not None and d[100].shrink.admits == (900,)
+
+
+def test_extension_nodes_go_first_and_must_fit_the_pending_job() -> None:
+    u = unit(job(100, nodes=("n1", "n2"), priority=10), exts=[ext(500, ("e1",))])
+    d = _run([u], _busy("n1", "n2", "e1"), [pending(900, priority=100)])[100]
+    assert d.shrink is not None and d.shrink.cancel_extensions == (500,) and d.shrink.released_nodes == ("e1",)
+    small = unit(job(100, nodes=("n1", "n2"), priority=10, gpus=2))
+    mixed = [node("n1", gpus=4, used=2), node("n2", gpus=4, used=4)]  # another job keeps 2 GPUs on n2
+    d = _run([small], mixed, [pending(900, priority=100, gpus=4)])[100]
+    assert d.action is Action.HOLD  # freeing n2 leaves only 2 GPUs: the pending job still would not fit
+
+
+def test_metric_shrinks_are_counted_before_taking_more() -> None:
+    idle = unit(job(100, nodes=("a1", "a2"), priority=50))
+    other = unit(job(200, nodes=("b1", "b2"), priority=10))
+    d = _run([idle, other], _busy("a1", "a2", "b1", "b2"), [pending(900, priority=100)],
+             utils=[util(100, 5), util(200, 60)])
+    assert d[100].reason is Reason.UNDERUTILIZED
+    assert d[200].action is Action.HOLD  # a2, given back anyway, admits the pending job
+
+
+def test_protected_and_paused_units_are_not_victims() -> None:
+    fresh = unit(job(100, nodes=("n1", "n2"), priority=10, started_ago=60))
+    cooling = unit(job(200, nodes=("m1", "m2"), priority=10))
+    paused = unit(job(300, nodes=("p1", "p2"), priority=10))
+    d = _run([fresh, cooling, paused], _busy("n1", "n2", "m1", "m2", "p1", "p2"), [pending(900, priority=100)],
+             history=[record(200, 60)], paused_jobs=[300])
+    assert d[100].reason is Reason.STARTUP
+    assert d[200].reason is Reason.COOLDOWN
+    assert d[300].reason is Reason.PAUSED
+
+
+def test_back_off_after_an_admit_that_did_not_start_the_job() -> None:
+    u = unit(job(100, nodes=("n1", "n2", "n3"), priority=10))
+    busy = _busy("n1", "n2", "n3")
+    shrunk = record(100, 900, Action.SHRINK, from_nodes=4, to_nodes=3, reason="SHRINK_TO_ADMIT", for_job=900)
+    d = _run([u], busy, [pending(900, priority=100)], history=[shrunk])[100]
+    assert d.action is Action.HOLD
+    d = _run([u], busy, [pending(900, priority=100)], history=[shrunk], admit_backoff_s=600)[100]
+    assert d.reason is Reason.SHRINK_TO_ADMIT
+
+
+def test_a_victim_does_not_also_grow() -> None:
+    u = unit(job(100, nodes=("n1", "n2"), priority=10))
+    d = _run([u], _busy("n1", "n2"), [pending(900, priority=100)], utils=[util(100, 99)])[100]
+    assert d.reason is Reason.SHRINK_TO_ADMIT
+
+
+def test_other_partition_surplus_does_not_help() -> None:
+    u = unit(job(100, nodes=("n1", "n2"), priority=10))
+    d = _run([u], nodes(2, busy=["n1", "n2"]), [pending(900, priority=100, partition="other")])[100]
+    assert d.action is Action.HOLD
+
+
+def test_reserve_reclaim_moves_gradually_and_keeps_min() -> None:
+    a = unit(job(100, nodes=("n1", "n2"), priority=50))
+    b = unit(job(200, nodes=("n3", "n4"), priority=10))
+    busy = _busy("n1", "n2", "n3", "n4")
+    values: dict[str, Any] = {"shrink_to_admit": False, "partition": {"gpu": {"free_node_reserve": 3,
+                                                                             "reclaim_reserve": True}}}
+    d = _run([a, b], busy, [], **values)
+    assert (d[200].reason, d[200].target_nodes) == (Reason.RESERVE_RECLAIM, 1)  # lowest priority first
+    assert (d[100].reason, d[100].target_nodes) == (Reason.RESERVE_RECLAIM, 1)  # only 2 of 3 reachable
+    capped = _run([a, b], busy, [], max_actions_per_cycle=1, **values)
+    assert capped[100].action is Action.SHRINK and capped[200].reason is Reason.ACTION_CAP
+    off = _run([a, b], busy, [], shrink_to_admit=False, free_node_reserve=3)
+    assert off[100].action is Action.HOLD and off[200].action is Action.HOLD
