@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from slurm_elastic.store import (
@@ -13,19 +11,7 @@ from slurm_elastic.store import (
     SqlStore,
     StoreInputError,
 )
-from tests.unit.storehelpers import FakeClock, memory_store
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(clock: FakeClock) -> Iterator[SqlStore]:
-    st = memory_store(clock)
-    yield st
-    st.close()
+from tests.unit.storehelpers import FakeClock
 
 
 def d(job: int, action: str = "hold", reason: str = "WITHIN_BAND", **kw: object) -> NewDecision:

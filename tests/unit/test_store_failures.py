@@ -59,11 +59,6 @@ class Controller:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def store(tmp_path: Path, clock: FakeClock) -> Iterator[SqlStore]:
     st = file_store(tmp_path / "state.db", clock, busy_timeout_ms=50)
     yield st

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -15,19 +14,7 @@ from slurm_elastic.store import (
     SqlStore,
     StoreInputError,
 )
-from tests.unit.storehelpers import T0, FakeClock, memory_store
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(clock: FakeClock) -> Iterator[SqlStore]:
-    st = memory_store(clock)
-    yield st
-    st.close()
+from tests.unit.storehelpers import T0, FakeClock
 
 
 def obs(job_id: int = 10, **kw: object) -> JobObservation:

@@ -24,11 +24,6 @@ S = ActionState
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def store(clock: FakeClock) -> Iterator[SqlStore]:
     st = memory_store(clock, max_attempts=3)
     yield st

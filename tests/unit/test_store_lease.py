@@ -12,21 +12,9 @@ import pytest
 
 from slurm_elastic.store import DuplicateIntentError, LeaseRecord, SqlStore, StoreInputError
 from slurm_elastic.store.records import ActionKind
-from tests.unit.storehelpers import FakeClock, file_store, memory_store
+from tests.unit.storehelpers import FakeClock, file_store
 
 TTL = timedelta(seconds=30)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(clock: FakeClock) -> Iterator[SqlStore]:
-    st = memory_store(clock)
-    yield st
-    st.close()
 
 
 def test_first_acquire_creates_epoch_one_and_reacquire_keeps_it(store: SqlStore, clock: FakeClock) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from slurm_elastic.store import (
@@ -13,19 +11,7 @@ from slurm_elastic.store import (
     SqlStore,
     StoreInputError,
 )
-from tests.unit.storehelpers import FakeClock, memory_store
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(clock: FakeClock) -> Iterator[SqlStore]:
-    st = memory_store(clock)
-    yield st
-    st.close()
+from tests.unit.storehelpers import FakeClock
 
 
 def test_versions_grow_and_rollback_is_a_new_version(store: SqlStore, clock: FakeClock) -> None:

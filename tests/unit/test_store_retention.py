@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from slurm_elastic.store import (
     ActionKind,
     ActionState,
@@ -15,21 +11,9 @@ from slurm_elastic.store import (
     Retention,
     SqlStore,
 )
-from tests.unit.storehelpers import FakeClock, memory_store
+from tests.unit.storehelpers import FakeClock
 
 DAY = 86400
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def store(clock: FakeClock) -> Iterator[SqlStore]:
-    st = memory_store(clock)
-    yield st
-    st.close()
 
 
 def test_prune_by_age_keeping_open_journal_rows(store: SqlStore, clock: FakeClock) -> None:
