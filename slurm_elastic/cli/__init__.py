@@ -28,6 +28,7 @@ def _register() -> None:
     from slurm_elastic.cli.check_cmd import check_cmd; main.add_command(check_cmd)  # noqa: E702, I001
     from slurm_elastic.cli.agent_cmd import agent_cmd; main.add_command(agent_cmd)  # noqa: E702, I001
     from slurm_elastic.cli.db_cmd import db_cmd; main.add_command(db_cmd)  # noqa: E702, I001
+    from slurm_elastic.cli.controller_cmd import controller_cmd; main.add_command(controller_cmd)  # noqa: E702, I001
 
 
 _register()

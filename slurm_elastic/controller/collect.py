@@ -59,14 +59,17 @@ def collect_sync(agents: Mapping[str, str], key: bytes, timeout_s: float = 5.0) 
     return asyncio.run(collect(agents, key, timeout_s))
 
 
-def merge_job(job_id: int, nodes: Iterable[str], reports: Mapping[str, NodeReport]) -> MergedJobMetrics:
-    """One job's metrics over all its nodes (see the module docstring for why each rule is conservative)."""
-    node_list = list(dict.fromkeys(nodes))
+def merge_job(job_id: int, parts: Iterable[tuple[int, str]], reports: Mapping[str, NodeReport]) -> MergedJobMetrics:
+    """One elastic unit's metrics over all its nodes (see the module docstring for why each rule is
+    conservative). ``parts`` are (Slurm job id, node) pairs: the leader's id on its own nodes, each extension
+    job's id on the extension's nodes -- agents report the Slurm job that holds the GPUs."""
+    part_list = list(dict.fromkeys(parts))
+    node_list = [node for _, node in part_list]
     per_node: list[JobReport] = []
     missing: list[str] = []
-    for node in node_list:
+    for slurm_id, node in part_list:
         report = reports.get(node)
-        jr = next((j for j in report.jobs if j.job_id == job_id), None) if report else None
+        jr = next((j for j in report.jobs if j.job_id == slurm_id), None) if report else None
         if jr is None:
             missing.append(node)
         else:

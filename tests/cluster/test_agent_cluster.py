@@ -8,16 +8,10 @@ cgroups of Slurm 22.05 and reads GPUs through pynvml over the virtual libnvidia-
 from __future__ import annotations
 
 import asyncio
-import filecmp
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import TypeVar
+from collections.abc import Iterator
 
 import aiohttp
 import pytest
@@ -27,118 +21,17 @@ from slurm_elastic.agent.auth import sign_request
 from slurm_elastic.agent.client import AgentClient
 from slurm_elastic.agent.errors import AgentAuthError
 from slurm_elastic.agent.payload import NODE_PATH, JobReport, NodeReport
-from slurm_elastic.vgpu.build import build_library
-from slurm_elastic.vgpu.state import make_node_state
-from slurm_elastic.vgpu.statefile import StateFile
+from tests.cluster.agents_harness import INTERVAL_S, Agents, running_agents, wait_for, workload
 from tests.cluster.harness import TestCluster
 
 pytestmark = pytest.mark.cluster
 
-REPO = Path(__file__).resolve().parents[2]
-INTERVAL_S = 1.0
-T = TypeVar("T")
-
-
-class Agents:
-    def __init__(self, cluster: TestCluster, key: bytes, procs: dict[str, subprocess.Popen[bytes]]) -> None:
-        self.cluster = cluster
-        self.key = key
-        self.procs = procs
-
-    @staticmethod
-    def url(node: str) -> str:
-        return f"http://127.0.0.1:{18000 + int(node.removeprefix('n'))}"
-
-    def report(self, node: str) -> NodeReport:
-        async def fetch() -> NodeReport:
-            async with AgentClient(self.key, timeout_s=10) as client:
-                return await client.fetch(self.url(node))
-
-        return asyncio.run(fetch())
-
-    def state(self, node: str) -> StateFile:
-        return StateFile(self.cluster.root / "vgpu" / f"{node}.state")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 90.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.25)
-
-
-def install_plugins(cluster: TestCluster) -> None:
-    """The cluster runs copies of plugins/{prolog,epilog}.sh made at its start; refresh stale copies (what
-    cluster.sh start does) so the scripts under test are the checkout's."""
-    for name in ("prolog.sh", "epilog.sh"):
-        src, dst = REPO / "plugins" / name, cluster.root / "etc" / name
-        if not dst.exists() or not filecmp.cmp(src, dst, shallow=False):
-            tmp = dst.with_name(f".{name}.new")
-            shutil.copy(src, tmp)
-            tmp.chmod(0o755)
-            os.replace(tmp, dst)
 
 
 @pytest.fixture(scope="module")
 def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    install_plugins(cluster)
-    lib = build_library(REPO / "build" / "vgpu")
-    vgpu_dir = cluster.root / "vgpu"
-    for k, node in enumerate(cluster.nodes):
-        StateFile(vgpu_dir / f"{node}.state").write(
-            make_node_state(node, cluster.gpus_per_node, minor_base=k * cluster.gpus_per_node))
-    key_file = tmp_path_factory.mktemp("agent") / "agent.key"
-    key_file.write_bytes(os.urandom(32).hex().encode())
-    key_file.chmod(0o600)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    logs = cluster.root / "log"
-    try:
-        for node in cluster.nodes:
-            env = {**cluster.env, "LD_LIBRARY_PATH": str(lib.parent),
-                   "SLURM_ELASTIC_VGPU_STATE": str(vgpu_dir / f"{node}.state")}
-            port = 18000 + int(node.removeprefix("n"))
-            with open(logs / f"agent-{node}.log", "ab") as log:
-                procs[node] = subprocess.Popen(
-                    [sys.executable, "-c", "from slurm_elastic.cli import main; main()", "agent", "-v",
-                     "--node", node, "--listen", "127.0.0.1", "--port", str(port), "--key-file", str(key_file),
-                     "--gpu-map-dir", str(cluster.root / "gpu-map"), "--interval", str(INTERVAL_S),
-                     "--window", "30"], env=env, stdout=log, stderr=subprocess.STDOUT)
-        result = Agents(cluster, key_file.read_bytes(), procs)
-
-        def all_up() -> bool | None:
-            for node, p in procs.items():
-                assert p.poll() is None, f"agent for {node} exited: see {logs}/agent-{node}.log"
-                try:
-                    result.report(node)
-                except Exception:
-                    return None
-            return True
-
-        wait_for("the four agents to answer", all_up, timeout=60)
-        yield result
-    finally:
-        for p in procs.values():
-            p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-# The workload needs only the standard library: any user's job runs it with the system Python.
-JOB_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
-
-
-def workload(util: int, *, then_sleep: bool = False) -> str:
-    run = f"{JOB_PYTHON} -m slurm_elastic.vgpu.workload --util {util} --mem-mib 1000"
-    head = f"#!/bin/bash\nexport PYTHONPATH={REPO}\n"
-    return f"{head}{run}\nsleep 600\n" if then_sleep else f"{head}exec {run}\n"
+    with running_agents(cluster, tmp_path_factory.mktemp("agent")) as a:
+        yield a
 
 
 def submit(agents: Agents, script: str, node: str, gpus: int = 2, user: str = "root") -> int:

@@ -1,0 +1,183 @@
+"""The one place that turns decisions into effects on Slurm, each journaled before it runs.
+
+Grow: journal an intent with an idempotency key, then submit one extension job (the leader's script, as its
+owner) whose comment carries the key, then record the extension and mark the action applied. A crash anywhere
+in between leaves a dangling intent that reconcile resolves by looking for the key in Slurm: found means
+applied, not found means aborted. Nothing is ever submitted twice for one key.
+
+Shrink: journal the intent (with its plan and the grace deadline), send the grace signal, and come back on a
+later cycle once the grace period is over; then re-check the plan against the current snapshot (never below
+min, never the batch host) and carry it out: cancel extension jobs (newest first), shrink a partly released
+extension in place, then release leader nodes with ``scontrol update NodeList=``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from slurm_elastic.controller.extension import build_request, rendezvous_endpoint
+from slurm_elastic.policy import Decision
+from slurm_elastic.slurm.adapter import ResizeRefusedError, SlurmCli
+from slurm_elastic.slurm.errors import SlurmError, SlurmJobNotFoundError, SlurmTransientError
+from slurm_elastic.slurm.model import ClusterSnapshot, Job
+from slurm_elastic.store import SqlStore
+from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, FencingToken
+
+log = logging.getLogger(__name__)
+
+#: Test-only fault hook (tests/cluster/test_controller_e2e.py): called with a step name; a test makes it kill
+#: the process to prove that reconcile recovers from a crash between intent and outcome.
+FaultHook = Callable[[str], None]
+
+
+def _no_fault(step: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class CycleContext:
+    """What every action of one cycle shares."""
+
+    cycle_id: int
+    token: FencingToken | None
+    now: datetime
+
+
+@dataclass
+class Actuator:
+    slurm: SlurmCli
+    store: SqlStore
+    extension_env: Mapping[str, str]
+    fault: FaultHook = _no_fault
+
+    # --- grow ------------------------------------------------------------------------------------------
+    def grow(self, d: Decision, snap: ClusterSnapshot, decision_id: int | None, ctx: CycleContext) -> str:
+        assert d.grow is not None
+        unit = snap.job(d.unit_id)
+        if unit is None:
+            return "job gone before acting"
+        plan = d.grow
+        cycle_id, token, now = ctx.cycle_id, ctx.token, ctx.now
+        key = f"grow:{d.unit_id}:{cycle_id}"
+        gpus = sum(g.count for g in plan.gres_per_node if g.name == "gpu") * len(plan.nodes)
+        action_id = self.store.journal.record_intent(
+            job_id=d.unit_id, kind=ActionKind.GROW, idempotency_key=key, decision_id=decision_id,
+            cycle_id=cycle_id, nodes=len(plan.nodes), gpus=gpus, fencing=token,
+            params={"nodes": list(plan.nodes), "from": d.current_nodes, "to": d.target_nodes,
+                    "reason": str(d.reason)})
+        self.fault("grow:after-intent")
+        self.store.journal.mark_in_progress(action_id, fencing=token)
+        try:
+            script_owner = unit.het_job_id if unit.het_job_id is not None else unit.job_id
+            script = self.slurm.batch_script(script_owner)
+            batch = snap.node(unit.batch_host) if unit.batch_host else None
+            req = build_request(unit, plan.nodes, key, now,
+                                rendezvous=rendezvous_endpoint(unit, batch.address if batch else None),
+                                base_env=self.extension_env)
+            ext_id = self.slurm.submit_as(req.user, script, req.sbatch_args, env=req.env)
+        except SlurmError as e:
+            self.store.journal.mark_failed(action_id, _msg(e), transient=isinstance(e, SlurmTransientError))
+            return f"grow failed: {_msg(e)}"
+        self.fault("grow:after-submit")
+        self.store.jobs.record_extension(job_id=ext_id, parent_job_id=d.unit_id, node_count=len(plan.nodes),
+                                         state="PENDING", action_id=action_id, idempotency_key=key,
+                                         nodelist=",".join(plan.nodes))
+        self.store.journal.mark_applied(action_id, f"extension job {ext_id} on {','.join(plan.nodes)}")
+        return f"extension job {ext_id} submitted"
+
+    # --- shrink, phase 1: intent + grace signal ------------------------------------------------------------
+    def start_shrink(self, d: Decision, decision_id: int | None, ctx: CycleContext) -> str:
+        assert d.shrink is not None
+        plan = d.shrink
+        cycle_id, token, now = ctx.cycle_id, ctx.token, ctx.now
+        key = f"shrink:{d.unit_id}:{cycle_id}"
+        deadline = now + timedelta(seconds=d.grace_s)
+        params: dict[str, Any] = {
+            "from": d.current_nodes, "to": d.target_nodes, "reason": str(d.reason),
+            "cancel_extensions": list(plan.cancel_extensions),
+            "shrink_extension": ({"job_id": plan.shrink_extension.job_id,
+                                  "keep_nodes": list(plan.shrink_extension.keep_nodes)}
+                                 if plan.shrink_extension else None),
+            "leader_keep_nodes": list(plan.leader_keep_nodes) if plan.leader_keep_nodes is not None else None,
+            "released_nodes": list(plan.released_nodes), "admits": list(plan.admits),
+            "signal": d.signal, "grace_s": d.grace_s, "deadline": deadline.isoformat(),
+        }
+        action_id = self.store.journal.record_intent(
+            job_id=d.unit_id, kind=ActionKind.SHRINK, idempotency_key=key, decision_id=decision_id,
+            cycle_id=cycle_id, nodes=len(plan.released_nodes), fencing=token, params=params)
+        self.fault("shrink:after-intent")
+        self.store.journal.mark_in_progress(action_id, fencing=token)
+        if d.signal and d.grace_s > 0:
+            try:
+                self.slurm.signal(d.unit_id, d.signal)
+            except SlurmJobNotFoundError as e:
+                self.store.journal.abort(action_id, f"job gone before the grace signal: {_msg(e)}")
+                return "job gone"
+            except SlurmError as e:  # the shrink still waits out the grace; the failure is on record
+                log.warning("grace signal %s to job %s failed: %s", d.signal, d.unit_id, _msg(e))
+            return f"SIG{d.signal} sent; nodes go after {d.grace_s}s"
+        return "no grace period"
+
+    # --- shrink, phase 2: after the grace period ---------------------------------------------------------------
+    def finish_shrink(self, action: ActionRecord, snap: ClusterSnapshot, *, min_nodes: int | None,
+                      extension_ids: set[int], ctx: CycleContext) -> str | None:
+        """Carry out a shrink whose grace period is over. None while the grace period still runs."""
+        token, now = ctx.token, ctx.now
+        p = action.params
+        if now < datetime.fromisoformat(str(p["deadline"])):
+            return None
+        if action.state == ActionState.INTENT:  # a transient failure put it back: another attempt
+            self.store.journal.mark_in_progress(action.id, fencing=token)
+        leader = snap.job(action.job_id)
+        if leader is None or not leader.is_running:
+            self.store.journal.abort(action.id, "job no longer running")
+            return "job gone"
+        after = _nodes_after(p, leader, snap, extension_ids)
+        if min_nodes is not None and after < min_nodes:
+            self.store.journal.abort(action.id, f"would leave {after} nodes < min {min_nodes}: the job changed")
+            return "aborted: below min"
+        try:
+            for ext_id in p.get("cancel_extensions") or []:
+                ext = snap.job(int(ext_id))
+                if ext is not None and ext.state in {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED"}:
+                    self.slurm.cancel(int(ext_id))
+                self.store.jobs.update_extension(int(ext_id), state="CANCELLED", ended=True)
+            part = p.get("shrink_extension")
+            if part:
+                ext = snap.job(int(part["job_id"]))
+                if ext is not None and ext.is_running and len(part["keep_nodes"]) < len(ext.nodes):
+                    self.slurm.shrink(ext, part["keep_nodes"])
+            keep = p.get("leader_keep_nodes")
+            if keep is not None and len(keep) < len(leader.nodes):
+                self.slurm.shrink(leader, keep)
+        except ResizeRefusedError as e:
+            self.store.journal.abort(action.id, f"refused: {e}")
+            return f"refused: {e}"
+        except SlurmError as e:
+            self.store.journal.mark_failed(action.id, _msg(e), transient=isinstance(e, SlurmTransientError))
+            return f"shrink failed: {_msg(e)}"
+        released = ",".join(p.get("released_nodes") or [])
+        self.store.journal.mark_applied(action.id, f"released {released}")
+        return f"released {released}"
+
+
+def _nodes_after(p: Mapping[str, Any], leader: Job, snap: ClusterSnapshot, extension_ids: set[int]) -> int:
+    """Node count of the unit once the plan is done, from the *current* snapshot (trusted extensions only)."""
+    keep = p.get("leader_keep_nodes")
+    total = len(keep) if keep is not None else len(leader.nodes)
+    cancelled = {int(x) for x in p.get("cancel_extensions") or []}
+    part = p.get("shrink_extension")
+    for ext_id in extension_ids - cancelled:
+        job = snap.job(ext_id)
+        if job is None or not job.is_running:
+            continue
+        total += len(part["keep_nodes"]) if part and int(part["job_id"]) == job.job_id else len(job.nodes)
+    return total
+
+
+def _msg(e: SlurmError) -> str:
+    return getattr(e, "message", None) or str(e)

@@ -1,0 +1,181 @@
+"""The controller's TOML config (``/etc/slurm-elastic/controller.toml``): validated at start, unknown keys rejected.
+
+Only configuration errors stop the daemon at start-up; everything else is a per-cycle error. Nothing in the file
+is ever evaluated as code. Example::
+
+    version = 1
+    [controller]
+    interval_s = 30            # one cycle: snapshot, collect, decide, act
+    dry_run = false            # decide and record, never call Slurm to act
+    max_snapshot_age_s = 60    # never act on an older Slurm snapshot
+    db_url = "sqlite:////var/lib/slurm-elastic/state.db"
+    policy_file = "/etc/slurm-elastic/policy.toml"   # used until a version is stored with `policy set`
+    holder = ""                # lease holder name; default: hostname:pid
+    lease_ttl_s = 90
+    reconcile_interval_s = 60
+    retention_interval_s = 3600
+
+    [agents]
+    key_file = "/etc/slurm-elastic/agent.key"
+    url_template = "http://{address}:9817"   # {node} and {address} (the node's NodeAddr) are replaced
+    timeout_s = 5.0
+    [agents.urls]              # optional per-node overrides
+    n1 = "http://127.0.0.1:18001"
+
+    [extension]
+    env = { PATH = "/usr/local/bin:/usr/bin:/bin" }   # environment of extension jobs (plus the role variables)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_elastic.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/slurm-elastic/controller.toml")
+CONFIG_VERSION = 1
+
+
+@dataclass(frozen=True)
+class AgentsConfig:
+    key_file: Path | None = None
+    url_template: str = "http://{address}:9817"
+    timeout_s: float = 5.0
+    urls: Mapping[str, str] = field(default_factory=dict)
+
+    def url_for(self, node: str, address: str | None) -> str:
+        if node in self.urls:
+            return self.urls[node]
+        return self.url_template.format(node=node, address=address or node)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    interval_s: float = 30.0
+    dry_run: bool = False
+    max_snapshot_age_s: float = 60.0
+    db_url: str = "sqlite:////var/lib/slurm-elastic/state.db"
+    policy_file: Path | None = None
+    holder: str = ""
+    lease_ttl_s: float = 90.0
+    reconcile_interval_s: float = 60.0
+    retention_interval_s: float = 3600.0
+    agents: AgentsConfig = field(default_factory=AgentsConfig)
+    extension_env: Mapping[str, str] = field(default_factory=lambda: {"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    source: str = "<defaults>"
+
+    @property
+    def holder_name(self) -> str:
+        return self.holder or f"{socket.gethostname()}:{os.getpid()}"
+
+
+_CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
+    "interval_s": ((int, float), (0.5, 86400)),
+    "dry_run": (bool, None),
+    "max_snapshot_age_s": ((int, float), (1, 86400)),
+    "db_url": (str, None),
+    "policy_file": (str, None),
+    "holder": (str, None),
+    "lease_ttl_s": ((int, float), (2, 86400)),
+    "reconcile_interval_s": ((int, float), (1, 86400)),
+    "retention_interval_s": ((int, float), (10, 864000)),
+}
+_AGENT_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
+    "key_file": (str, None),
+    "url_template": (str, None),
+    "timeout_s": ((int, float), (0.1, 300)),
+    "urls": (dict, None),
+}
+
+
+def _check(table: Mapping[str, Any], spec: Mapping[str, tuple[type | tuple[type, ...], tuple[float, float] | None]],
+           where: str, problems: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in spec:
+            problems.append(f"{where}.{key}: unknown key (known: {', '.join(sorted(spec))})")
+            continue
+        types, bounds = spec[key]
+        if isinstance(value, bool) and types is not bool and bool not in (types if isinstance(types, tuple) else ()):
+            problems.append(f"{where}.{key}: expected a number, got a boolean")
+            continue
+        if not isinstance(value, types):
+            problems.append(f"{where}.{key}: wrong type {type(value).__name__}")
+            continue
+        if bounds is not None and isinstance(value, (int, float)) and not bounds[0] <= value <= bounds[1]:
+            problems.append(f"{where}.{key}: {value} out of range {bounds[0]:g}..{bounds[1]:g}")
+            continue
+        out[key] = value
+    return out
+
+
+def parse_controller_config(text: str, source: str = "<string>") -> ControllerConfig:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source}: invalid TOML: {e}") from e
+    problems: list[str] = []
+    version = data.pop("version", None)
+    if version != CONFIG_VERSION:
+        problems.append(f"version: must be {CONFIG_VERSION} (got {version!r})")
+    sections = {"controller", "agents", "extension"}
+    for key in data:
+        if key not in sections:
+            problems.append(f"{key}: unknown section (known: {', '.join(sorted(sections))})")
+    ctl = _check(data.get("controller", {}), _CONTROLLER_KEYS, "controller", problems)
+    agents_raw = dict(data.get("agents", {}))
+    agents = _check(agents_raw, _AGENT_KEYS, "agents", problems)
+    urls = agents.get("urls", {})
+    for node, url in urls.items():
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            problems.append(f"agents.urls.{node}: must be an http(s) URL")
+    template = agents.get("url_template", AgentsConfig.url_template)
+    try:
+        template.format(node="n", address="a")
+    except (KeyError, IndexError, ValueError) as e:
+        problems.append(f"agents.url_template: only {{node}} and {{address}} may be used ({e})")
+    ext = data.get("extension", {})
+    ext_env: dict[str, str] = {}
+    for key, value in ext.items():
+        if key != "env":
+            problems.append(f"extension.{key}: unknown key (known: env)")
+        elif not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            problems.append("extension.env: must be a table of strings")
+        else:
+            ext_env = dict(value)
+    if problems:
+        raise ConfigError(f"{source}: " + "; ".join(problems))
+    key_file = agents.get("key_file")
+    return ControllerConfig(
+        interval_s=float(ctl.get("interval_s", 30.0)),
+        dry_run=bool(ctl.get("dry_run", False)),
+        max_snapshot_age_s=float(ctl.get("max_snapshot_age_s", 60.0)),
+        db_url=str(ctl.get("db_url", ControllerConfig.db_url)),
+        policy_file=Path(ctl["policy_file"]) if ctl.get("policy_file") else None,
+        holder=str(ctl.get("holder", "")),
+        lease_ttl_s=float(ctl.get("lease_ttl_s", 90.0)),
+        reconcile_interval_s=float(ctl.get("reconcile_interval_s", 60.0)),
+        retention_interval_s=float(ctl.get("retention_interval_s", 3600.0)),
+        agents=AgentsConfig(
+            key_file=Path(key_file) if key_file else None,
+            url_template=template,
+            timeout_s=float(agents.get("timeout_s", 5.0)),
+            urls=dict(urls),
+        ),
+        extension_env=ext_env or {"PATH": "/usr/local/bin:/usr/bin:/bin"},
+        source=source,
+    )
+
+
+def load_controller_config(path: Path) -> ControllerConfig:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from e
+    return parse_controller_config(text, source=str(path))

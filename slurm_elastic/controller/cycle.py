@@ -1,0 +1,359 @@
+"""One controller cycle, and reconcile: the imperative shell around the pure policy.
+
+A cycle: hold the lease -> snapshot Slurm (refuse to act on an old one) -> finish shrinks whose grace is over ->
+build the elastic units -> collect agent metrics and store one sample per unit -> decide (pure) -> record every
+decision, holds included -> act on the rest (journaled; never in dry-run, never without the lease, never twice
+for a unit that has an action in flight). One unit's failure never stops the cycle.
+
+Reconcile (on start and periodically): resolve dangling grow intents by looking for their idempotency key in
+Slurm (found: applied; absent: aborted -- never resubmitted blindly), cancel extension jobs whose leader is gone,
+and close the store's records of extension jobs Slurm no longer runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from slurm_elastic.controller.actuator import Actuator, CycleContext
+from slurm_elastic.controller.collect import CollectResult, merge_job
+from slurm_elastic.controller.config import ControllerConfig
+from slurm_elastic.controller.extension import orphaned_extensions, parse_tag
+from slurm_elastic.controller.units import SpecCache, build_units
+from slurm_elastic.controller.utilization import utilization_from_samples, window_query_start
+from slurm_elastic.policy import (
+    Action,
+    Decision,
+    ElasticUnit,
+    JobUtilization,
+    Outcome,
+    PolicyConfig,
+    PolicyInput,
+    ResizeRecord,
+    decide,
+    resolve_unit,
+)
+from slurm_elastic.slurm.adapter import SlurmCli
+from slurm_elastic.slurm.errors import SlurmError
+from slurm_elastic.slurm.model import ClusterSnapshot, Job
+from slurm_elastic.store import SqlStore
+from slurm_elastic.store.errors import StoreError
+from slurm_elastic.store.records import (
+    ActionKind,
+    ActionRecord,
+    ActionState,
+    FencingToken,
+    JobObservation,
+    NewDecision,
+    NewSample,
+    SpecSource,
+)
+
+log = logging.getLogger(__name__)
+
+Collector = Callable[[Mapping[str, str]], CollectResult]
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING"}
+_KIND_ACTION = {ActionKind.GROW: Action.GROW, ActionKind.SHRINK: Action.SHRINK,
+                ActionKind.CANCEL_EXTENSION: Action.SHRINK}
+_STATE_OUTCOME = {ActionState.APPLIED: Outcome.APPLIED, ActionState.FAILED: Outcome.FAILED,
+                  ActionState.ABORTED: Outcome.FAILED, ActionState.INTENT: Outcome.INTENT,
+                  ActionState.IN_PROGRESS: Outcome.INTENT}
+
+
+@dataclass
+class CycleSummary:
+    cycle_id: int | None
+    decisions: list[Decision] = field(default_factory=list)
+    acted: dict[int, str] = field(default_factory=dict)  # unit id -> outcome text
+    error: str | None = None
+    skipped: str | None = None  # why the cycle did not run (no lease, stale snapshot, Slurm down)
+
+
+class Controller:
+    def __init__(self, cfg: ControllerConfig, policy: PolicyConfig, *, slurm: SlurmCli, store: SqlStore,
+                 collector: Collector, clock: Callable[[], datetime] = lambda: datetime.now(tz=UTC),
+                 actuator: Actuator | None = None) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.slurm = slurm
+        self.store = store
+        self.collector = collector
+        self.clock = clock
+        self.actuator = actuator or Actuator(slurm, store, cfg.extension_env)
+        self.specs = SpecCache()
+        self._last_sample: dict[int, datetime] = {}
+        self._slurm_down_since: float | None = None
+        self._token: FencingToken | None = None
+
+    # --- lease ------------------------------------------------------------------------------------------
+    def _hold_lease(self) -> FencingToken | None:
+        lease = self.store.lease.acquire(self.cfg.holder_name, timedelta(seconds=self.cfg.lease_ttl_s))
+        if lease is None:
+            if self._token is not None:
+                log.warning("lease lost to another controller; standing by")
+            self._token = None
+            return None
+        if self._token is None:
+            log.info("holding the controller lease (epoch %d)", lease.epoch)
+        self._token = lease.token()
+        return self._token
+
+    # --- Slurm -----------------------------------------------------------------------------------------------
+    def _snapshot(self) -> ClusterSnapshot | None:
+        """A snapshot, or None while Slurm does not answer (logged once per outage, not once per cycle)."""
+        try:
+            snap = self.slurm.snapshot()
+        except SlurmError as e:
+            if self._slurm_down_since is None:
+                self._slurm_down_since = time.monotonic()
+                log.error("Slurm unavailable, not acting until it answers: %s", e)
+            return None
+        if self._slurm_down_since is not None:
+            log.info("Slurm answers again after %.0fs", time.monotonic() - self._slurm_down_since)
+            self._slurm_down_since = None
+        return snap
+
+    def _is_known_key(self, parent: int, key: str) -> bool:
+        rec = self.store.journal.find_by_idempotency_key(key)
+        return rec is not None and rec.job_id == parent and rec.kind == ActionKind.GROW
+
+    # --- the cycle -----------------------------------------------------------------------------------------
+    def run_cycle(self) -> CycleSummary:
+        token = self._hold_lease()
+        if token is None:
+            return CycleSummary(cycle_id=None, skipped="not the lease holder")
+        cycle_id = self.store.decisions.begin_cycle(holder=self.cfg.holder_name, dry_run=self.cfg.dry_run)
+        summary = CycleSummary(cycle_id=cycle_id)
+        try:
+            self._cycle(summary, token)
+        except (SlurmError, StoreError) as e:
+            summary.error = str(e)
+            log.error("cycle %d failed: %s", cycle_id, e)
+        try:
+            self.store.decisions.finish_cycle(cycle_id, decisions=len(summary.decisions),
+                                              actions=len(summary.acted), error=summary.error or summary.skipped)
+        except StoreError as e:
+            log.error("cannot record the end of cycle %d: %s", cycle_id, e)
+        return summary
+
+    def _cycle(self, summary: CycleSummary, token: FencingToken) -> None:
+        snap = self._snapshot()
+        if snap is None:
+            summary.skipped = "Slurm unavailable"
+            return
+        now = self.clock()
+        age = snap.age_seconds(now)
+        if age > self.cfg.max_snapshot_age_s:
+            summary.skipped = f"snapshot {age:.0f}s old > max {self.cfg.max_snapshot_age_s:.0f}s"
+            log.warning("not acting: %s", summary.skipped)
+            return
+        ctx = CycleContext(cycle_id=summary.cycle_id or 0, token=token, now=now)
+        built = build_units(snap, read_script=self._read_script, is_known_key=self._is_known_key,
+                            cache=self.specs)
+        units = {u.unit_id: u for u in built.units}
+        self._observe_jobs(built.units, built.sources, built.not_elastic, snap)
+        open_by_unit = self._finish_pending_shrinks(snap, units, ctx, summary)
+        utilization = self._utilization(snap, built.units, now)
+        history = self._history(units, now)
+        decisions = decide(PolicyInput(snap, tuple(built.units), utilization, history), self.policy, now)
+        summary.decisions = decisions
+        new = [self._new_decision(d, open_by_unit) for d in decisions]
+        ids = self.store.decisions.record_decisions(summary.cycle_id or 0, new)
+        if self.cfg.dry_run:
+            return
+        for d, decision_id in zip(decisions, ids, strict=True):
+            if d.action == Action.HOLD or d.unit_id in open_by_unit:
+                continue
+            try:
+                if d.action == Action.GROW and d.grow is not None:
+                    summary.acted[d.unit_id] = self.actuator.grow(d, snap, decision_id, ctx)
+                elif d.action == Action.SHRINK and d.shrink is not None:
+                    summary.acted[d.unit_id] = self.actuator.start_shrink(d, decision_id, ctx)
+            except (SlurmError, StoreError) as e:  # one unit's failure never stops the cycle
+                summary.acted[d.unit_id] = f"error: {e}"
+                log.error("acting on job %s failed: %s", d.display_id, e)
+            if d.unit_id in summary.acted:
+                log.info("job %s: %s %d->%d (%s: %s) -> %s", d.display_id, d.action, d.current_nodes,
+                         d.target_nodes, d.reason, d.message, summary.acted[d.unit_id])
+
+    def _read_script(self, job_id: int) -> str | None:
+        try:
+            return self.slurm.batch_script(job_id)
+        except SlurmError as e:
+            log.warning("cannot read the batch script of job %d: %s", job_id, e)
+            return None
+
+    def _observe_jobs(self, units: tuple[ElasticUnit, ...], sources: Mapping[int, str],
+                      not_elastic: Mapping[int, str], snap: ClusterSnapshot) -> None:
+        for u in units:
+            j = u.job
+            self.store.jobs.upsert_job(JobObservation(
+                job_id=j.job_id, user=j.user, partition=j.partition, state=j.state, current_nodes=u.current_nodes,
+                min_nodes=u.min_nodes, max_nodes=u.max_nodes, het_job_id=j.het_job_id, het_offset=j.het_job_offset,
+                account=j.account, qos=j.qos, name=j.name, spec=u.spec.to_normalized(),
+                spec_source=(SpecSource.ADMIN_COMMENT if sources.get(j.job_id) == "admin_comment"
+                             else SpecSource.BATCH_SCRIPT),
+                nodelist=",".join(j.nodes), gpus_per_node=j.gpus_per_node(), submit_time=j.submit_time))
+        for job_id, reason in not_elastic.items():
+            bad = snap.job(job_id)
+            if bad is not None and self.store.jobs.get_job(job_id) is None:
+                self.store.jobs.upsert_job(JobObservation(
+                    job_id=bad.job_id, user=bad.user, partition=bad.partition, state=bad.state,
+                    current_nodes=len(bad.nodes), min_nodes=len(bad.nodes), max_nodes=len(bad.nodes),
+                    account=bad.account, qos=bad.qos, name=bad.name, spec_source=SpecSource.BATCH_SCRIPT,
+                    spec_error=reason))
+                log.info("job %s: directives ignored: %s", bad.display_id, reason)
+        live = {j.job_id for j in snap.jobs if j.state in ACTIVE}
+        for rec in self.store.jobs.list_jobs(active_only=True):
+            if rec.job_id not in live:
+                gone = snap.job(rec.job_id)
+                self.store.jobs.mark_job_ended(rec.job_id, gone.state if gone else "ENDED")
+
+    def _unit_parts(self, unit: ElasticUnit) -> list[tuple[int, str]]:
+        """(Slurm job id, node) for every node of the unit: the leader's and each running extension's."""
+        parts = [(unit.job.job_id, n) for n in unit.job.nodes]
+        for e in unit.running_extensions:
+            parts.extend((e.job_id, n) for n in e.nodes)
+        return parts
+
+    def _utilization(self, snap: ClusterSnapshot, units: tuple[ElasticUnit, ...],
+                     now: datetime) -> dict[int, JobUtilization]:
+        agents = {n.name: self.cfg.agents.url_for(n.name, n.address) for n in snap.nodes}
+        result = self.collector(agents) if units else CollectResult({}, {})
+        for node, report in result.reports.items():
+            self.store.agents.agent_seen(node, url=agents[node], version=report.agent_version,
+                                         gpu_count=sum(1 for g in report.gpus if g.kind == "gpu"))
+        for node, err in result.errors.items():
+            self.store.agents.agent_failed(node, url=agents[node], error=err)
+        out: dict[int, JobUtilization] = {}
+        samples: list[NewSample] = []
+        merged_by_unit = {}
+        for u in units:
+            merged = merge_job(u.unit_id, self._unit_parts(u), result.reports)
+            merged_by_unit[u.unit_id] = merged
+            # Partial coverage stores nothing: a silent agent must make metrics stale, not skew them.
+            if merged.coverage < 1.0 or merged.util_mean_percent is None or merged.last_sample_at is None:
+                continue
+            at = datetime.fromtimestamp(merged.last_sample_at, tz=UTC)
+            if self._last_sample.get(u.unit_id) is not None and at <= self._last_sample[u.unit_id]:
+                continue  # the agent has nothing newer
+            self._last_sample[u.unit_id] = at
+            samples.append(NewSample(job_id=u.unit_id, time=at, util_mean=merged.util_mean_percent,
+                                     util_max=merged.util_max_percent or merged.util_mean_percent,
+                                     gpus_alloc=merged.gpus_allocated, gpus_in_use=merged.gpus_in_use,
+                                     sample_count=merged.sample_count))
+        if samples:
+            self.store.samples.add_samples(samples)
+        for u in units:
+            window = resolve_unit(self.policy, u).window_s
+            rows = self.store.samples.samples(u.unit_id, since=window_query_start(now, window, self.cfg.interval_s))
+            m = merged_by_unit[u.unit_id]
+            util = utilization_from_samples(u.unit_id, rows, m.gpus_allocated, m.gpus_in_use)
+            if util is not None:
+                out[u.unit_id] = util
+        return out
+
+    def _history(self, units: Mapping[int, ElasticUnit], now: datetime) -> tuple[ResizeRecord, ...]:
+        records: list[ResizeRecord] = []
+        for a in self.store.journal.list_actions(since=now - timedelta(days=1)):
+            if a.job_id not in units or a.kind not in _KIND_ACTION:
+                continue
+            # A resize happens when it is applied (after the grace period for a shrink), not when it is decided.
+            records.append(ResizeRecord(at=a.finished_at or a.created_at, unit_id=a.job_id, action=_KIND_ACTION[a.kind],
+                                        from_nodes=int(a.params.get("from", 0)), to_nodes=int(a.params.get("to", 0)),
+                                        outcome=_STATE_OUTCOME[a.state], reason=str(a.params.get("reason", ""))))
+        return tuple(records)
+
+    def _finish_pending_shrinks(self, snap: ClusterSnapshot, units: Mapping[int, ElasticUnit],
+                                ctx: CycleContext, summary: CycleSummary) -> dict[int, ActionRecord]:
+        """Shrinks whose grace is over are carried out now; returns the actions still open, by unit."""
+        still_open: dict[int, ActionRecord] = {}
+        for action in self.store.journal.open_actions():
+            if action.kind != ActionKind.SHRINK:
+                still_open.setdefault(action.job_id, action)
+                continue
+            unit = units.get(action.job_id)
+            ext_ids = {e.job_id for e in unit.extensions} if unit else set()
+            try:
+                outcome = self.actuator.finish_shrink(action, snap, min_nodes=unit.min_nodes if unit else None,
+                                                      extension_ids=ext_ids, ctx=ctx)
+            except (SlurmError, StoreError) as e:
+                outcome = f"error: {e}"
+            if outcome is None:
+                still_open[action.job_id] = action
+            else:
+                summary.acted[action.job_id] = outcome
+                log.info("job %d: shrink after grace -> %s", action.job_id, outcome)
+        return still_open
+
+    def _new_decision(self, d: Decision, open_by_unit: Mapping[int, ActionRecord]) -> NewDecision:
+        inputs = dict(d.inputs)
+        inputs["basis"] = str(d.basis)
+        if d.action != Action.HOLD and d.unit_id in open_by_unit:
+            inputs["not_acted"] = f"action {open_by_unit[d.unit_id].id} still in progress"
+        return NewDecision(job_id=d.unit_id, action=str(d.action), reason=str(d.reason), message=d.message,
+                           inputs=inputs, current_nodes=d.current_nodes, target_nodes=d.target_nodes,
+                           signal=d.signal, profile=d.profile, paused=d.reason == "PAUSED",
+                           dry_run=self.cfg.dry_run)
+
+    # --- reconcile ------------------------------------------------------------------------------------------
+    def reconcile(self, older_than: timedelta = timedelta(seconds=0)) -> list[str]:
+        """Bring the journal and Slurm back in agreement (after a crash, or drift). Returns what it did."""
+        if self._hold_lease() is None:
+            return []
+        snap = self._snapshot()
+        if snap is None:
+            return []
+        done: list[str] = []
+        by_key: dict[str, list[Job]] = {}
+        for j in snap.jobs:
+            tag = parse_tag(j.comment)
+            if tag is not None:
+                by_key.setdefault(tag.key, []).append(j)
+        for action in self.store.journal.dangling(older_than=older_than):
+            if action.kind != ActionKind.GROW:
+                continue  # shrinks are finished by the cycle after their grace period
+            found = [j for j in by_key.get(action.idempotency_key, []) if j.user == _owner(snap, action.job_id, j)]
+            if found:
+                ext = min(found, key=lambda j: j.job_id)
+                for dup in found:
+                    if dup.job_id != ext.job_id and dup.state in ACTIVE:  # never keep two for one key
+                        self.slurm.cancel(dup.job_id)
+                        done.append(f"cancelled duplicate extension {dup.job_id}")
+                if action.state == ActionState.INTENT:
+                    self.store.journal.mark_in_progress(action.id)
+                self.store.jobs.record_extension(job_id=ext.job_id, parent_job_id=action.job_id,
+                                                 node_count=ext.node_count, state=ext.state, action_id=action.id,
+                                                 idempotency_key=action.idempotency_key,
+                                                 nodelist=",".join(ext.nodes))
+                self.store.journal.mark_applied(action.id, f"reconciled: extension job {ext.job_id} found")
+                done.append(f"action {action.id}: found extension {ext.job_id}")
+            else:
+                self.store.journal.abort(action.id, "reconciled: no extension job carries its key")
+                done.append(f"action {action.id}: aborted (nothing in Slurm)")
+        live_leaders = {j.job_id for j in snap.jobs if j.is_running and parse_tag(j.comment) is None}
+        for orphan in orphaned_extensions(snap.jobs, live_leaders, self._is_known_key):
+            try:
+                self.slurm.cancel(orphan.job_id)
+            except SlurmError as e:
+                log.warning("cannot cancel orphan extension %d: %s", orphan.job_id, e)
+                continue
+            self.store.jobs.update_extension(orphan.job_id, state="CANCELLED", ended=True)
+            done.append(f"cancelled orphan extension {orphan.job_id}")
+        for rec in self.store.jobs.extensions(active_only=True):
+            job = snap.job(rec.job_id)
+            if job is None or job.state not in ACTIVE:
+                self.store.jobs.update_extension(rec.job_id, state=job.state if job else "ENDED", ended=True)
+            elif job.state != rec.state:
+                self.store.jobs.update_extension(rec.job_id, state=job.state, nodelist=",".join(job.nodes))
+        for line in done:
+            log.info("reconcile: %s", line)
+        return done
+
+
+def _owner(snap: ClusterSnapshot, leader_id: int, fallback: object) -> str | None:
+    leader = snap.job(leader_id)
+    return leader.user if leader else getattr(fallback, "user", None)

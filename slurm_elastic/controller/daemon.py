@@ -1,0 +1,139 @@
+"""``slurm-elastic controller``: APScheduler jobs around :class:`~slurm_elastic.controller.cycle.Controller`.
+
+Jobs: ``cycle`` (collect from the agents concurrently, decide, act) every ``interval_s``; ``reconcile`` every
+``reconcile_interval_s`` (and once at start); ``retention`` every ``retention_interval_s``. They run on a single
+worker thread, so they never overlap. SIGHUP reloads the config and the policy; SIGTERM/SIGINT let the running
+cycle finish and exit. Logs go to stderr (journald).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+
+from slurm_elastic.agent.auth import load_key
+from slurm_elastic.controller.actuator import Actuator, FaultHook
+from slurm_elastic.controller.collect import CollectResult, collect_sync
+from slurm_elastic.controller.config import ControllerConfig, load_controller_config
+from slurm_elastic.controller.cycle import Controller
+from slurm_elastic.errors import ConfigError
+from slurm_elastic.policy import PolicyConfig, default_config, parse_config
+from slurm_elastic.slurm.adapter import SlurmCli
+from slurm_elastic.store import SqlStore
+from slurm_elastic.store.records import Retention
+
+log = logging.getLogger(__name__)
+
+
+def load_policy(cfg: ControllerConfig, store: SqlStore) -> tuple[PolicyConfig, str]:
+    """The newest policy version stored with ``policy set``, else the policy file, else the packaged defaults."""
+    current = store.policies.current_policy()
+    if current is not None:
+        return parse_config(current.toml_text, source=f"policy version {current.version}"), \
+            f"policy version {current.version}"
+    if cfg.policy_file is not None:
+        try:
+            text = cfg.policy_file.read_text()
+        except OSError as e:
+            raise ConfigError(f"{cfg.policy_file}: cannot read: {e.strerror}") from e
+        return parse_config(text, source=str(cfg.policy_file)), str(cfg.policy_file)
+    return default_config(), "packaged defaults"
+
+
+def build_controller(cfg: ControllerConfig) -> Controller:
+    """Everything from config; raises ConfigError (the only start-up failure) on bad config or key file."""
+    if cfg.agents.key_file is None:
+        raise ConfigError(f"{cfg.source}: agents.key_file is required (the agents refuse unsigned requests)")
+    key = load_key(cfg.agents.key_file)
+    store = SqlStore.open(cfg.db_url)
+    policy, source = load_policy(cfg, store)
+    log.info("policy from %s; dry_run=%s; interval %.1fs", source, cfg.dry_run, cfg.interval_s)
+
+    def collector(agents: Mapping[str, str]) -> CollectResult:
+        return collect_sync(agents, key, timeout_s=cfg.agents.timeout_s)
+
+    slurm = SlurmCli()
+    actuator = Actuator(slurm, store, cfg.extension_env, fault=_fault_hook_from_env())
+    return Controller(cfg, policy, slurm=slurm, store=store, collector=collector, actuator=actuator)
+
+
+def _fault_hook_from_env() -> FaultHook:
+    """Test-only crash injection: SLURM_ELASTIC_TEST_CRASH_AT=<step> makes the process SIGKILL itself at that
+    step (e.g. ``grow:after-intent``, ``grow:after-submit``, ``shrink:after-intent``), so tests can prove that
+    reconcile recovers from a crash between intent and outcome. Unset in production."""
+    target = os.environ.get("SLURM_ELASTIC_TEST_CRASH_AT")
+    if not target:
+        return lambda step: None
+
+    def hook(step: str) -> None:
+        if step == target:
+            log.warning("test crash hook: SIGKILL at %s", step)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook
+
+
+def run(config_path: Path, *, once: bool = False, dry_run: bool | None = None) -> int:
+    from apscheduler.executors.pool import ThreadPoolExecutor
+    from apscheduler.schedulers.blocking import BlockingScheduler
+
+    cfg = load_controller_config(config_path)
+    if dry_run is not None:
+        cfg = replace(cfg, dry_run=dry_run)
+    ctl = build_controller(cfg)
+    if once:
+        ctl.reconcile()
+        summary = ctl.run_cycle()
+        return 1 if summary.error else 0
+    ctl.reconcile()
+    sched = BlockingScheduler(executors={"default": ThreadPoolExecutor(1)}, timezone="UTC")
+    lock = threading.Lock()
+
+    def cycle() -> None:
+        with lock:
+            ctl.run_cycle()
+
+    def reconcile() -> None:
+        with lock:
+            ctl.reconcile()
+
+    def retention() -> None:
+        with lock:
+            ctl.store.retention.prune(Retention())
+
+    common = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+    sched.add_job(cycle, "interval", seconds=cfg.interval_s, id="cycle", next_run_time=datetime.now(tz=UTC),
+                  **common)
+    sched.add_job(reconcile, "interval", seconds=cfg.reconcile_interval_s, id="reconcile", **common)
+    sched.add_job(retention, "interval", seconds=cfg.retention_interval_s, id="retention", **common)
+
+    def on_hup(signum: int, frame: FrameType | None) -> None:
+        def reload() -> None:
+            with lock:
+                try:
+                    new_cfg = load_controller_config(config_path)
+                    ctl.cfg = new_cfg if dry_run is None else replace(new_cfg, dry_run=dry_run)
+                    ctl.policy, source = load_policy(ctl.cfg, ctl.store)
+                    log.info("reloaded config %s and policy from %s", config_path, source)
+                except ConfigError as e:
+                    log.error("reload refused, keeping the running config: %s", e)
+        threading.Thread(target=reload, name="reload", daemon=True).start()
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: finishing the current cycle, then exiting", signum)
+        threading.Thread(target=lambda: sched.shutdown(wait=True), name="shutdown", daemon=True).start()
+
+    signal.signal(signal.SIGHUP, on_hup)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    log.info("controller %s started", cfg.holder_name)
+    sched.start()
+    log.info("controller stopped")
+    return 0

@@ -1,0 +1,156 @@
+"""The real controller as a process on the live cluster, with real agents over virtual GPUs, for e2e tests."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_elastic.store import SqlStore
+from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, DecisionFilter, DecisionRecord
+from tests.cluster.agents_harness import REPO, Agents
+from tests.cluster.harness import TestCluster
+
+# Small numbers so a test sees a whole resize in seconds; the rules are the production ones.
+TEST_POLICY = """
+version = 1
+window_s = 10
+cooldown_s = 15
+grace_s = 3
+min_samples = 3
+max_metric_age_s = 12
+startup_protection_s = 0
+min_remaining_for_grow_s = 0
+"""
+INTERVAL_S = 2.0
+
+
+def controller_config(tmp: Path, agents: Agents, *, dry_run: bool = False) -> Path:
+    policy = tmp / "policy.toml"
+    policy.write_text(TEST_POLICY)
+    urls = "\n".join(f'{n} = "{agents.url(n)}"' for n in agents.cluster.nodes)
+    cfg = tmp / "controller.toml"
+    cfg.write_text(f"""
+version = 1
+[controller]
+interval_s = {INTERVAL_S}
+dry_run = {"true" if dry_run else "false"}
+max_snapshot_age_s = 30
+db_url = "sqlite:///{tmp / 'state.db'}"
+policy_file = "{policy}"
+lease_ttl_s = 10
+reconcile_interval_s = 5
+[agents]
+key_file = "{agents.key_file}"
+timeout_s = 3
+[agents.urls]
+{urls}
+[extension.env]
+PATH = "/usr/local/bin:/usr/bin:/bin"
+SLURM_CONF = "{agents.cluster.env['SLURM_CONF']}"
+""")
+    return cfg
+
+
+@dataclass
+class ControllerProcess:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    db_url: str
+
+    def store(self) -> SqlStore:
+        return SqlStore.open(self.db_url)
+
+    def actions(self, job_id: int | None = None) -> list[ActionRecord]:
+        st = self.store()
+        try:
+            return sorted(st.journal.list_actions(job_id=job_id), key=lambda a: a.id)
+        finally:
+            st.close()
+
+    def decisions(self, job_id: int | None = None) -> list[DecisionRecord]:
+        st = self.store()
+        try:
+            return sorted(st.decisions.list_decisions(DecisionFilter(job_id=job_id)), key=lambda d: d.id)
+        finally:
+            st.close()
+
+    def applied(self, job_id: int, kind: ActionKind) -> list[ActionRecord]:
+        return [a for a in self.actions(job_id) if a.kind == kind and a.state == ActionState.APPLIED]
+
+    def log_text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+
+@contextlib.contextmanager
+def running_controller(cluster: TestCluster, config: Path, *, crash_at: str | None = None,
+                       dry_run: bool = False) -> Iterator[ControllerProcess]:
+    env = dict(cluster.env)
+    env.pop("SLURM_ELASTIC_TEST_CRASH_AT", None)
+    if crash_at:
+        env["SLURM_ELASTIC_TEST_CRASH_AT"] = crash_at
+    log = config.parent / f"controller-{int(time.time() * 1000)}.log"
+    args = [sys.executable, "-c", "from slurm_elastic.cli import main; main()", "controller", "-c", str(config), "-v"]
+    if dry_run:
+        args.append("--dry-run")
+    db_url = f"sqlite:///{config.parent / 'state.db'}"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+    cp = ControllerProcess(proc, log, db_url)
+    try:
+        yield cp
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def elastic_script(util: int, directives: str, marker: Path, *, het: bool = False) -> str:
+    """A batch script: the workload on every node of the job (srun), the grace signal logged with its time."""
+    from tests.cluster.agents_harness import JOB_PYTHON
+
+    het_arg = "--het-group=1 " if het else ""
+    return f"""#!/bin/bash
+{directives}
+export PYTHONPATH={REPO}
+trap 'echo "grace $(date +%s.%N) role=${{SLURM_ELASTIC_ROLE:-leader}} job=$SLURM_JOB_ID" >> {marker}' USR2
+role="role=${{SLURM_ELASTIC_ROLE:-leader}} job=$SLURM_JOB_ID parent=${{SLURM_ELASTIC_PARENT:-}}"
+echo "start $(date +%s.%N) $role" >> {marker}
+srun {het_arg}--kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.vgpu.workload --util {util} \\
+  --mem-mib 500 &
+child=$!
+while kill -0 $child 2>/dev/null; do wait $child; done
+sleep 600
+"""
+
+
+def node_count(cluster: TestCluster, job_id: int) -> int:
+    rec = cluster.job_record(job_id)
+    if rec is None:
+        return 0
+    nodes = rec.get("nodes") or ""
+    from slurm_elastic.slurm.hostlist import expand
+
+    return len(expand(str(nodes)))
+
+
+def wait_until(what: str, probe: object, timeout: float, proc: ControllerProcess | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if probe():  # type: ignore[operator]
+            return
+        if proc is not None and proc.proc.poll() is not None:
+            raise AssertionError(f"controller exited ({proc.proc.returncode}) while waiting for {what}:\n"
+                                 f"{proc.log_text()[-3000:]}")
+        time.sleep(0.5)
+    tail = proc.log_text()[-4000:] if proc else ""
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{tail}")

@@ -1,0 +1,209 @@
+"""End to end on the real cluster: real agents over virtual GPUs, the real controller process, real Slurm.
+
+Each test submits elastic jobs whose workload runs on every node at a chosen utilization, starts the controller
+with a small-number policy (window 10 s, cooldown 15 s, grace 3 s), and watches Slurm change.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.controller.extension import parse_tag
+from slurm_elastic.store.records import ActionKind, ActionState
+from tests.cluster.agents_harness import Agents, running_agents
+from tests.cluster.controller_harness import (
+    controller_config,
+    elastic_script,
+    node_count,
+    running_controller,
+    wait_until,
+)
+from tests.cluster.harness import TestCluster
+
+pytestmark = pytest.mark.cluster
+
+DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --window 10s --cooldown 15s --grace 3s --signal USR2"
+
+
+@pytest.fixture(scope="module")
+def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
+    with running_agents(cluster, tmp_path_factory.mktemp("e2e-agents"), interval_s=1.0, window_s=4) as a:
+        yield a
+
+
+@pytest.fixture
+def stack(agents: Agents, clean_cluster: TestCluster) -> Agents:
+    return agents
+
+
+def marker_file(cluster: TestCluster) -> Path:
+    path = cluster.jobs_dir / f"marker-{uuid.uuid4().hex[:8]}"
+    path.touch()
+    path.chmod(0o666)
+    return path
+
+
+def extensions_of(cluster: TestCluster, leader: int) -> list[dict[str, object]]:
+    jobs = cluster.squeue_json()["jobs"]
+    assert isinstance(jobs, list)
+    out = []
+    for j in jobs:
+        tag = parse_tag(str(j.get("comment") or ""))
+        if tag and tag.parent == leader and j.get("job_state") in {"RUNNING", "PENDING"}:
+            out.append(j)
+    return out
+
+
+def test_underused_job_shrinks_to_min_after_grace_signal(stack: Agents, tmp_path: Path) -> None:
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    job = cluster.submit(elastic_script(10, DIRECTIVES, marker), "-N3", "--gres=gpu:2", "--time=60", user="alice")
+    cluster.wait_state(job, {"RUNNING"})
+    with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
+        wait_until("the job to shrink to 1 node", lambda: node_count(cluster, job) == 1, 150, ctl)
+        shrinks = ctl.applied(job, ActionKind.SHRINK)
+    assert [(a.params["from"], a.params["to"]) for a in shrinks] == [(3, 2), (2, 1)]
+    # The grace signal came before each shrink took nodes away, with the configured grace in between.
+    graces = [float(line.split()[1]) for line in marker.read_text().splitlines() if line.startswith("grace")]
+    assert len(graces) >= 2
+    for action, signalled in zip(shrinks, graces, strict=False):
+        assert action.finished_at is not None
+        assert signalled <= action.finished_at.timestamp() - 2.5
+    # No resize inside the cooldown, never below min.
+    gap = (shrinks[1].created_at - shrinks[0].finished_at).total_seconds()  # type: ignore[operator]
+    assert gap >= 15 - 0.5
+    # The freed nodes are idle again.
+    rec = cluster.job_record(job)
+    assert rec is not None
+    kept = str(rec["nodes"])
+    wait_until("freed nodes idle", lambda: all(
+        s == "idle" for n, s in _node_states(cluster).items() if n != kept), 30)
+
+
+def _node_states(cluster: TestCluster) -> dict[str, str]:
+    cp = cluster.run(["sinfo", "-h", "-N", "-o", "%N %T"])
+    return {line.split()[0]: line.split()[1] for line in cp.stdout.splitlines() if line.strip()}
+
+
+def test_busy_job_grows_to_max_with_extension_jobs_as_its_owner(stack: Agents, tmp_path: Path) -> None:
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    job = cluster.submit(elastic_script(90, DIRECTIVES, marker), "-N1", "--gres=gpu:2", "--time=60", user="alice")
+    cluster.wait_state(job, {"RUNNING"})
+    with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
+        wait_until("two running extension jobs", lambda: sum(
+            1 for e in extensions_of(cluster, job) if e["job_state"] == "RUNNING") == 2, 150, ctl)
+        grows = ctl.applied(job, ActionKind.GROW)
+        time.sleep(8)  # several more cycles at max: no third extension
+        assert len(extensions_of(cluster, job)) == 2
+        decisions = ctl.decisions(job)
+    assert len(grows) == 2
+    exts = extensions_of(cluster, job)
+    for e in exts:
+        assert e["user_name"] == "alice" and e["account"] == "nlp" and e["partition"] == "train"
+        assert e["tres_per_node"] == "gres:gpu:2" and e["name"] == f"elastic-ext-{job}"
+    starts = [line for line in marker.read_text().splitlines() if "role=extension" in line]
+    assert len(starts) == 2 and all(f"parent={job}" in s for s in starts)
+    assert decisions[-1].action == "hold" and decisions[-1].reason == "AT_MAX"
+    gap = (grows[1].created_at - grows[0].finished_at).total_seconds()  # type: ignore[operator]
+    assert gap >= 15 - 0.5
+    assert max(d.target_nodes or 0 for d in decisions) <= 3
+
+
+def test_dry_run_records_decisions_and_leaves_slurm_alone(stack: Agents, tmp_path: Path) -> None:
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    job = cluster.submit(elastic_script(10, DIRECTIVES, marker), "-N2", "--gres=gpu:1", "--time=60", user="bob")
+    cluster.wait_state(job, {"RUNNING"})
+    with running_controller(cluster, controller_config(tmp_path, stack, dry_run=True)) as ctl:
+        wait_until("a dry-run shrink decision", lambda: any(
+            d.action == "shrink" and d.dry_run for d in ctl.decisions(job)), 90, ctl)
+        time.sleep(6)
+        assert ctl.actions() == []
+    assert node_count(cluster, job) == 2
+    assert "grace" not in marker.read_text()
+
+
+def test_het_job_gpu_component_shrinks(stack: Agents, tmp_path: Path) -> None:
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    directives = ("#ELASTIC --het-group 1 --min-nodes 1 --max-nodes 2 --window 10s --cooldown 15s --grace 3s "
+                  "--signal USR2")
+    script = elastic_script(10, directives, marker, het=True)
+    cp = cluster.run(["sbatch", "--parsable", "--chdir=/tmp", f"--output={cluster.jobs_dir}/%j.out", "-N1",
+                      "--time=60", ":", "-N2", "--gres=gpu:2", "--time=60"], user="alice", input_text=script)
+    assert cp.returncode == 0, cp.stderr
+    leader = int(cp.stdout.strip().split(";")[0])
+    cluster.wait_state(leader, {"RUNNING"})
+    comp = next(j for j in cluster.squeue_json()["jobs"]  # type: ignore[union-attr]
+                if j["het_job_id"] == leader and j["het_job_offset"] == 1)
+    comp_id = int(comp["job_id"])
+    assert node_count(cluster, comp_id) == 2
+    with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
+        wait_until("the GPU component to shrink to 1 node", lambda: node_count(cluster, comp_id) == 1, 120, ctl)
+        shrinks = ctl.applied(comp_id, ActionKind.SHRINK)
+    assert [(a.params["from"], a.params["to"]) for a in shrinks] == [(2, 1)]
+    assert node_count(cluster, leader) == 1  # the other component is untouched
+
+
+def test_silent_agent_causes_no_shrink(stack: Agents, tmp_path: Path) -> None:
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    job = cluster.submit(elastic_script(10, DIRECTIVES, marker), "-N2", "--gres=gpu:1", "--time=60",
+                         "--nodelist=n3,n4", user="bob")
+    cluster.wait_state(job, {"RUNNING"})
+    silent = stack.procs["n4"]
+    os.kill(silent.pid, signal.SIGSTOP)
+    try:
+        with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
+            wait_until("decisions on the job", lambda: len(ctl.decisions(job)) >= 8, 90, ctl)
+            decisions = ctl.decisions(job)
+            assert ctl.actions(job) == []
+    finally:
+        os.kill(silent.pid, signal.SIGCONT)
+    assert node_count(cluster, job) == 2
+    assert {d.reason for d in decisions} <= {"NO_METRICS", "STALE_METRICS", "WINDOW_NOT_FILLED", "TOO_FEW_SAMPLES"}
+
+
+@pytest.mark.parametrize("crash_at", ["grow:after-intent", "grow:after-submit"])
+def test_sigkill_between_intent_and_outcome_reconciles_without_duplicates(
+        stack: Agents, tmp_path: Path, crash_at: str) -> None:
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    directives = "#ELASTIC --min-nodes 1 --max-nodes 2 --window 10s --cooldown 15s --grace 3s --signal USR2"
+    job = cluster.submit(elastic_script(90, directives, marker), "-N1", "--gres=gpu:2", "--time=60", user="alice")
+    cluster.wait_state(job, {"RUNNING"})
+    cfg = controller_config(tmp_path, stack)
+    with running_controller(cluster, cfg, crash_at=crash_at) as ctl:
+        wait_until("the controller to die at the crash point", lambda: ctl.proc.poll() is not None, 90)
+        assert ctl.proc.returncode == -signal.SIGKILL
+        crashed = ctl.actions(job)
+    assert [a.state for a in crashed] == [ActionState.INTENT if crash_at.endswith("intent")
+                                          else ActionState.IN_PROGRESS]
+    with running_controller(cluster, cfg) as ctl:
+        wait_until("one running extension job", lambda: len(extensions_of(cluster, job)) == 1
+                   and all(a.state not in {ActionState.INTENT, ActionState.IN_PROGRESS} for a in ctl.actions(job)),
+                   90, ctl)
+        time.sleep(6)
+        actions = ctl.actions(job)
+        exts = extensions_of(cluster, job)
+        # When the leader ends, reconcile cancels its extension: no orphan.
+        cluster.cancel(job)
+        wait_until("the extension to go with its leader (no orphan)", lambda: not extensions_of(cluster, job), 60,
+                   ctl)
+    assert len(exts) == 1  # no duplicate
+    first = actions[0]
+    if crash_at == "grow:after-submit":  # the extension existed: reconcile found it by its key
+        assert first.state == ActionState.APPLIED and "reconciled" in first.message
+        assert parse_tag(str(exts[0]["comment"])).key == first.idempotency_key  # type: ignore[union-attr]
+    else:  # nothing was submitted: aborted, and a later cycle grew anew
+        assert first.state == ActionState.ABORTED
+        assert any(a.state == ActionState.APPLIED for a in actions[1:])
+    assert all(a.state in {ActionState.APPLIED, ActionState.ABORTED} for a in actions)
