@@ -17,9 +17,10 @@ from slurm_elastic.store.records import SampleRecord
 
 
 def window_query_start(now: datetime, window_s: float, interval_s: float) -> datetime:
-    """Samples are read from one cycle before the window, so that a window of N seconds can be seen as filled
-    by samples taken every ``interval_s`` (the oldest one marks the window's start)."""
-    return now - timedelta(seconds=window_s + interval_s)
+    """Samples are read from two cycles before the window, so that a window of N seconds is seen as filled by
+    samples taken every ``interval_s`` whatever the phase between cycles and agent samples (the oldest sample
+    marks the window's start; the mean then spans at most two extra cycles)."""
+    return now - timedelta(seconds=window_s + 2 * interval_s)
 
 
 def utilization_from_samples(unit_id: int, samples: Sequence[SampleRecord], gpus_allocated: int,

@@ -122,6 +122,7 @@ def elastic_script(util: int, directives: str, marker: Path, *, het: bool = Fals
     return f"""#!/bin/bash
 {directives}
 export PYTHONPATH={REPO}
+export SLURM_ELASTIC_VGPU_DIR={marker.parent.parent / "vgpu"}
 trap 'echo "grace $(date +%s.%N) role=${{SLURM_ELASTIC_ROLE:-leader}} job=$SLURM_JOB_ID" >> {marker}' USR2
 role="role=${{SLURM_ELASTIC_ROLE:-leader}} job=$SLURM_JOB_ID parent=${{SLURM_ELASTIC_PARENT:-}}"
 echo "start $(date +%s.%N) $role" >> {marker}

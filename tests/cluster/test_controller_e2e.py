@@ -101,7 +101,7 @@ def test_busy_job_grows_to_max_with_extension_jobs_as_its_owner(stack: Agents, t
         wait_until("two running extension jobs", lambda: sum(
             1 for e in extensions_of(cluster, job) if e["job_state"] == "RUNNING") == 2, 150, ctl)
         grows = ctl.applied(job, ActionKind.GROW)
-        time.sleep(8)  # several more cycles at max: no third extension
+        time.sleep(18)  # past the cooldown, several more cycles at max: no third extension
         assert len(extensions_of(cluster, job)) == 2
         decisions = ctl.decisions(job)
     assert len(grows) == 2
@@ -112,6 +112,8 @@ def test_busy_job_grows_to_max_with_extension_jobs_as_its_owner(stack: Agents, t
     starts = [line for line in marker.read_text().splitlines() if "role=extension" in line]
     assert len(starts) == 2 and all(f"parent={job}" in s for s in starts)
     assert decisions[-1].action == "hold" and decisions[-1].reason == "AT_MAX"
+    after_max = [d for d in decisions if d.time > grows[1].created_at]
+    assert after_max and all(d.action == "hold" and d.reason in {"COOLDOWN", "AT_MAX"} for d in after_max)
     gap = (grows[1].created_at - grows[0].finished_at).total_seconds()  # type: ignore[operator]
     assert gap >= 15 - 0.5
     assert max(d.target_nodes or 0 for d in decisions) <= 3
