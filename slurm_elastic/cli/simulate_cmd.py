@@ -28,9 +28,7 @@ from slurm_elastic.sim.metrics import DEFAULT_STARVATION_THRESHOLD, Metrics, sum
 from slurm_elastic.sim.run import compare
 from slurm_elastic.sim.scheduler import SCHEDULERS
 
-ELASTIC_UNAVAILABLE = (
-    "elastic mode needs slurm_elastic.sim.policy_adapter (bridge to slurm_elastic.policy, not yet written)"
-)
+ELASTIC_UNAVAILABLE = "elastic mode needs slurm_elastic.sim.policy_adapter and slurm_elastic.policy (not installed)"
 # The adapter from the simulator's hook to the production policy; it provides
 # ``make_policy(policy_file: Path | None, config: SimConfig) -> ElasticPolicy``.
 _ADAPTER_MODULE = "slurm_elastic.sim.policy_adapter"

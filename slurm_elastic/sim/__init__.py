@@ -2,8 +2,9 @@
 
 Modules: :mod:`.engine` (discrete events), :mod:`.scheduler` (FIFO, greedy and EASY backfill), :mod:`.cluster`
 (GPU bookkeeping and placement), :mod:`.perfmodel` (how fast a job runs on a shape), :mod:`.loaders` (trace
-formats), :mod:`.metrics`, :mod:`.invariants`, :mod:`.plots`, :mod:`.elastic` (the policy hook) and
-:mod:`.run` (baseline vs elastic). Design notes: ``docs/simulator.md``.
+formats), :mod:`.metrics`, :mod:`.invariants`, :mod:`.plots`, :mod:`.elastic` (the policy hook),
+:mod:`.policy_adapter` (the hook's bridge to the production policy) and :mod:`.run` (baseline vs elastic).
+Design notes: ``docs/simulator.md``.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ returns :class:`ResizeRequest` objects. The engine, not the policy, enforces the
   a grow that cannot get all its nodes is rejected;
 * each applied resize costs the job ``resize_cost`` seconds without progress.
 
-The simulator never decides resizes itself: the only implementation in this package is none. The production
-adapter (to ``slurm_elastic.policy.decide``) lives elsewhere.
+The simulator never decides resizes itself: the one implementation, :mod:`slurm_elastic.sim.policy_adapter`,
+asks the production policy (``slurm_elastic.policy.decide``).
 """
 
 from __future__ import annotations
@@ -39,10 +39,17 @@ class JobView:
     min_nodes: int
     max_nodes: int
     gpu_util: float  # what the agent would report now: compute/step time, 0 while (re)starting
+    throughput: float  # samples/s the job would publish now (goodput API), 0 while (re)starting
     progress: float  # fraction of the job done, 0..1
     resizes: int
     last_resize_time: float | None
     restarting_until: float | None  # end of the current start/resize delay, if one is running
+    # What the trace says about who runs it, where available (None otherwise); the adapter to the production
+    # policy uses them for accounts (fair share, quotas) and time limits (near-end, restart-cost rules).
+    user: str | None = None
+    account: str | None = None
+    application: str | None = None
+    time_limit: float | None = None  # seconds: the limit the base scheduler trusts (see docs/simulator.md)
 
 
 @dataclass(frozen=True)

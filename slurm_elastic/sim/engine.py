@@ -407,10 +407,15 @@ class Simulation:
                     min_nodes=job.min_nodes,
                     max_nodes=job.max_nodes,
                     gpu_util=0.0 if restarting else job.perf.utilization(job.shape),
+                    throughput=0.0 if restarting else job.perf.throughput(job.shape),
                     progress=min(1.0, progress / total) if total > 0 else 1.0,
                     resizes=job.resizes,
                     last_resize_time=job.last_resize,
                     restarting_until=job.seg_ready if restarting else None,
+                    user=job.spec.user,
+                    account=job.spec.account,
+                    application=job.spec.application,
+                    time_limit=job.time_limit,
                 )
             )
         for job in self._pending:
@@ -428,10 +433,15 @@ class Simulation:
                     min_nodes=job.min_nodes,
                     max_nodes=job.max_nodes,
                     gpu_util=0.0,
+                    throughput=0.0,
                     progress=0.0,
                     resizes=0,
                     last_resize_time=None,
                     restarting_until=None,
+                    user=job.spec.user,
+                    account=job.spec.account,
+                    application=job.spec.application,
+                    time_limit=job.time_limit,
                 )
             )
         g = self.cluster.gpus_per_node

@@ -33,6 +33,9 @@ class LinearPerf:
     def utilization(self, shape: Shape) -> float:
         return 0.5
 
+    def throughput(self, shape: Shape) -> float:
+        return self.rate(shape, 0)
+
 
 def job(job_id: str, submit: float, gpus: int) -> JobSpec:
     return JobSpec(job_id=job_id, submit_time=submit, num_gpus=gpus, duration=1.0)

@@ -31,6 +31,11 @@ class JobPerf(Protocol):
         """Share of each step the GPUs compute (compute / step time incl. sync): what the agent reports."""
         ...
 
+    def throughput(self, shape: Shape) -> float:
+        """Training samples per second on ``shape`` (excluding restart delays): what a job publishes for the
+        goodput rule. Models without a batch size give it in relative units; only ratios matter."""
+        ...
+
     @property
     def max_gpus(self) -> int:
         """The largest number of GPUs the model can answer for."""

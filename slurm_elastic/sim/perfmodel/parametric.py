@@ -102,3 +102,10 @@ class ParametricJobPerf:
         gpus, nodes = sum(shape), sum(1 for g in shape if g)
         step = self.params.step_time(gpus, nodes)
         return min(1.0, max(0.0, self.params.compute_time(gpus) / step)) if step > 0 else 0.0
+
+    def throughput(self, shape: Shape) -> float:
+        """Steps per single-GPU step time at the fixed global batch (relative samples/s)."""
+        gpus, nodes = sum(shape), sum(1 for g in shape if g)
+        if gpus < 1:
+            raise PerfModelError("empty shape")
+        return 1.0 / self.params.step_time(gpus, nodes)

@@ -152,6 +152,12 @@ class PolluxJobPerf:
         total, compute, _ = self.step_breakdown(shape)
         return min(1.0, max(0.0, compute / total))
 
+    def throughput(self, shape: Shape) -> float:
+        """Samples per second: the effective global batch over the optimizer step time (no statistical
+        efficiency: that is what a training loop can count)."""
+        total, _, batch = self.step_breakdown(shape)
+        return batch / total
+
     def _largest_valid_size(self) -> int:
         """Largest GPU count whose per-GPU batch stays in the measured range (and within 64 GPUs)."""
         best = 0

@@ -1,0 +1,233 @@
+"""Wall time of the controller's collection from 2,000 agents on loopback, served by a few processes.
+
+Each simulated agent is the real ``AgentApp`` (signed ``GET /v1/node``: HMAC check, replay cache, signed answer)
+on its own loopback port, serving the JSON of a realistic report (8 GPUs, 2 jobs of 4 GPUs, a 60 s window of
+5 s samples, built by the agent's own attribution and aggregation code). ``--servers`` processes host them
+(2,000 / servers each). The controller side runs, per cycle:
+
+* **collect**: ``slurm_elastic.controller.collect.collect`` (a fresh ``AgentClient`` per cycle, as the controller
+  does: new connections, signed requests, signature check of each answer, payload validation);
+* **raw GET** (the baseline, same run): plain aiohttp GETs of the same bodies from the same servers (an extra
+  unauthenticated route), with the same concurrency and a fresh session per cycle, no signing, no checks;
+* **serial estimate**: one signed, validated fetch of one agent at a time (median of ``--single`` fetches)
+  times the number of agents: what a controller asking agents one after the other would take.
+
+Target (issue 7): at most 3 s per collection cycle. Loopback only; every loop is bounded in count and time.
+
+    .venv/bin/python bench/agent_fanout.py [--agents 2000] [--servers 3] [--cycles 3] [--concurrency 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import queue
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurm_elastic.agent.aggregate import JobHistory  # noqa: E402
+from slurm_elastic.agent.attribution import attribute  # noqa: E402
+from slurm_elastic.agent.auth import RequestVerifier  # noqa: E402
+from slurm_elastic.agent.client import AgentClient  # noqa: E402
+from slurm_elastic.agent.model import DeviceReading, GpuAllocation, JobRef, ProcessReading  # noqa: E402
+from slurm_elastic.agent.payload import NodeReport, NvmlInfo, to_json_bytes  # noqa: E402
+from slurm_elastic.agent.server import AgentApp  # noqa: E402
+from slurm_elastic.controller.collect import collect  # noqa: E402
+
+HOST = "127.0.0.1"
+GPUS = 8
+MAX_SERVE_S = 600.0  # a server process never outlives this, whatever happens to the parent
+CYCLE_TIMEOUT_S = 60.0
+
+
+def node_report(index: int, now: float) -> NodeReport:
+    """A busy 8-GPU node: two 4-GPU jobs, one process per GPU, twelve 5 s samples in the window."""
+    node = f"node{index:05d}"
+    jobs = (100_000 + 2 * index, 100_001 + 2 * index)
+    allocations = {g: GpuAllocation(g, jobs[g // 4], 2000 + index % 50, f"u{index % 50}", f"acct{index % 7}")
+                   for g in range(GPUS)}
+    pids = {10_000 + g: JobRef(jobs[g // 4], "cgroup") for g in range(GPUS)}
+    history = JobHistory(60.0)
+    gpus = ()
+    for k in range(12):
+        t = now - 55.0 + 5.0 * k
+        devices = [
+            DeviceReading(str(g), "gpu", g, f"GPU-{index}-{g}", "NVIDIA H100 80GB HBM3", g, 60_000, 81_559,
+                          float((index + g + k) % 100), None, processes=(ProcessReading(10_000 + g, 59_000, None),))
+            for g in range(GPUS)
+        ]
+        gpus, points = attribute(devices, allocations, pids)
+        history.add(t, points)
+    return NodeReport(node=node, agent_version="bench", generated_at=now, sampled_at=now, interval_s=5.0,
+                      window_s=60.0, nvml=NvmlInfo("ok", "550.54.15", None), gpus=gpus, jobs=history.jobs(now),
+                      errors=())
+
+
+class _StubSampler:
+    """What AgentApp needs of a sampler: the latest report and its JSON."""
+
+    interval_s = 5.0
+
+    def __init__(self, report: NodeReport) -> None:
+        self.node = report.node
+        self._report, self._body = report, to_json_bytes(report)
+
+    def latest(self) -> tuple[NodeReport | None, bytes | None]:
+        return self._report, self._body
+
+    def snapshot(self) -> NodeReport:
+        return self._report
+
+
+async def _serve(shard: int, indices: list[int], key: bytes, ports: mp.Queue[tuple[int, list[int]] | str],  # type: ignore[type-arg]
+                 stop: mp.Event) -> None:
+    runners: list[web.AppRunner] = []
+    bound: list[int] = []
+    now = time.time()
+    try:
+        for index in indices:
+            sampler = _StubSampler(node_report(index, now))
+            app = AgentApp(sampler, RequestVerifier(key), key).build()  # type: ignore[arg-type]
+            body = sampler.latest()[1] or b""
+
+            async def raw(_: web.Request, body: bytes = body) -> web.Response:
+                return web.Response(body=body, content_type="application/json")
+
+            app.router.add_get("/raw", raw)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, HOST, 0, backlog=1024)
+            await site.start()
+            runners.append(runner)
+            bound.append(runner.addresses[0][1])
+        ports.put((shard, bound))
+        deadline = time.monotonic() + MAX_SERVE_S
+        while not stop.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def _server_main(shard: int, indices: list[int], key: bytes, ports: mp.Queue[tuple[int, list[int]] | str],  # type: ignore[type-arg]
+                 stop: mp.Event) -> None:
+    try:
+        asyncio.run(_serve(shard, indices, key, ports, stop))
+    except Exception as exc:  # report, so the parent does not wait for ports that never come
+        ports.put(f"server failed: {type(exc).__name__}: {exc}")
+
+
+async def _raw_cycle(urls: list[str], concurrency: int) -> tuple[int, int]:
+    sem = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession() as session:
+        async def one(url: str) -> int:
+            async with sem, session.get(url + "/raw", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                return len(await resp.read())
+        sizes = await asyncio.gather(*(one(u) for u in urls))
+    return len(sizes), sum(sizes)
+
+
+async def _single(url: str, key: bytes, count: int) -> list[float]:
+    times: list[float] = []
+    for _ in range(count):
+        async with AgentClient(key) as client:  # a fresh connection, as one agent of a cycle gets
+            start = time.perf_counter()
+            await client.fetch(url)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def _timed(coro_factory: object) -> tuple[float, float, object]:
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    out = asyncio.run(asyncio.wait_for(coro_factory, CYCLE_TIMEOUT_S))  # type: ignore[arg-type]
+    return time.perf_counter() - wall0, time.process_time() - cpu0, out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agents", type=int, default=2000)
+    ap.add_argument("--servers", type=int, default=3)
+    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--single", type=int, default=50)
+    ap.add_argument("--concurrency", type=int, default=64)
+    args = ap.parse_args()
+    n_agents = max(1, min(args.agents, 10_000))
+    n_servers = max(1, min(args.servers, 16))
+    cycles = max(1, min(args.cycles, 20))
+    key = secrets.token_bytes(32)
+    ctx = mp.get_context("spawn")
+    ports_q: mp.Queue[tuple[int, list[int]] | str] = ctx.Queue()
+    stop = ctx.Event()
+    shards = [list(range(i, n_agents, n_servers)) for i in range(n_servers)]
+    procs = [ctx.Process(target=_server_main, args=(i, shard, key, ports_q, stop), daemon=True)
+             for i, shard in enumerate(shards)]
+    setup0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    try:
+        agents: dict[str, str] = {}
+        for _ in shards:
+            got = ports_q.get(timeout=300)
+            if isinstance(got, str):
+                print(got, file=sys.stderr)
+                return 2
+            shard_id, bound = got
+            for index, port in zip(shards[shard_id], bound, strict=True):
+                agents[f"node{index:05d}"] = f"http://{HOST}:{port}"
+        agents = dict(sorted(agents.items()))
+        print(f"{len(agents)} agents on {n_servers} server processes, ready in {time.perf_counter() - setup0:.1f} s; "
+              f"{cycles} cycles, concurrency {args.concurrency}")
+        urls = list(agents.values())
+        single = asyncio.run(asyncio.wait_for(_single(urls[0], key, max(1, min(args.single, 1000))),
+                                              CYCLE_TIMEOUT_S))
+        rows: dict[str, list[tuple[float, float]]] = {"raw GET": [], "collect": []}
+        bad = 0
+        body_bytes = 0
+        for _ in range(cycles):
+            wall, cpu, got_raw = _timed(_raw_cycle(urls, args.concurrency))
+            rows["raw GET"].append((wall, cpu))
+            body_bytes = got_raw[1]  # type: ignore[index]
+            wall, cpu, res = _timed(collect(agents, key, timeout_s=10.0))
+            rows["collect"].append((wall, cpu))
+            bad += len(res.errors)  # type: ignore[attr-defined]
+            if res.errors:  # type: ignore[attr-defined]
+                print("errors:", list(res.errors.items())[:3], file=sys.stderr)  # type: ignore[attr-defined]
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        try:
+            while True:
+                ports_q.get_nowait()
+        except queue.Empty:
+            pass
+    raw_wall = statistics.median(w for w, _ in rows["raw GET"])
+    serial = statistics.median(single) * len(agents)
+    print(f"answers of {body_bytes / len(agents) / 1024:.1f} KiB each, {body_bytes / 1e6:.1f} MB per cycle")
+    print(f"{'per cycle':<40}{'wall s':>8}{'client CPU s':>14}{'x raw GET':>11}")
+    for label in ("raw GET", "collect"):
+        wall = statistics.median(w for w, _ in rows[label])
+        cpu = statistics.median(c for _, c in rows[label])
+        print(f"{label:<40}{wall:>8.2f}{cpu:>14.2f}{wall / raw_wall:>11.2f}")
+    print(f"{'serial estimate (one fetch x agents)':<40}{serial:>8.2f}{'':>14}{serial / raw_wall:>11.2f}")
+    collect_wall = statistics.median(w for w, _ in rows["collect"])
+    print(f"collect: {collect_wall:.2f} s per cycle for {len(agents)} agents (target <= 3 s), "
+          f"{serial / collect_wall:.1f}x faster than one at a time; {bad} errors")
+    return 0 if collect_wall <= 3.0 and bad == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,465 @@
+"""The bridge from the simulator's elastic hook to the production policy, ``slurm_elastic.policy.decide``.
+
+Every scheduling cycle the engine hands over its :class:`~slurm_elastic.sim.elastic.ClusterSnapshot`; this
+module turns it into exactly what the controller builds on a real cluster (a Slurm
+:class:`~slurm_elastic.slurm.model.ClusterSnapshot`, :class:`~slurm_elastic.policy.ElasticUnit` values with
+extension jobs, :class:`~slurm_elastic.policy.JobUtilization` aggregated over each unit's window, the resize
+history) and calls :func:`slurm_elastic.policy.decide`. It never decides anything itself: grow and shrink
+decisions become :class:`~slurm_elastic.sim.elastic.ResizeRequest` values, holds become nothing.
+
+Modelling rules (docs/simulator.md, "The production policy in the simulator", says why):
+
+* **Clock.** ``now`` is ``EPOCH`` (Monday 2024-01-01 00:00 UTC) plus the simulated seconds, UTC-aware, so that
+  time-window profiles see a fixed calendar.
+* **Cluster.** One partition, ``sim``, holding nodes ``n0..n{N-1}``, each with ``gpu:G``. A node is IDLE with
+  no GPU in use, ALLOCATED with all in use, MIXED otherwise (``gres_used`` says how many).
+* **Jobs.** Slurm ids are given in submission order (1, 2, ...). Priority is Slurm's multifactor priority
+  with only the age factor: ``1 + whole minutes waited`` (capped at 7 days, Slurm's default PriorityMaxAge);
+  a running job keeps the priority it had when it started, because Slurm recomputes only pending jobs. A
+  pending job asks for ``ceil(gpus / G)`` nodes with ``gpu:ceil(gpus / nodes)`` each; the head of the queue
+  waits for ``Resources``, the others for ``Priority``. The account is the trace's, else ``app-<application>``
+  (Pollux traces have none; this gives fair share and quotas something to split), else none.
+* **Units.** Every running job is elastic: ``--min-nodes``/``--max-nodes`` come from :class:`AdapterSettings`
+  (fixed when the job starts, within the engine's bounds). Nodes the job got when it started are the leader's;
+  each applied grow is one running extension job holding the added nodes (the engine adds whole free nodes
+  and shrinks from the most recently added, which is the policy's removal order).
+* **Metrics.** One utilization sample per cycle and unit, as the controller stores: the time-weighted mean of
+  the modelled GPU utilization (compute / step time incl. sync; 0 while starting or restarting) since the
+  previous cycle, in percent. The policy gets the samples from ``window_s + interval`` back (the controller's
+  query window), so ``window_s`` counts as filled once samples span it. Each cycle in which the job computed,
+  it also "publishes" its throughput (the model's samples/s on its current shape, through the goodput API),
+  tagged with its node count; the last ``THROUGHPUT_KEEP`` samples per size are kept. After the job's first
+  resize its observed restart time (the simulator's resize cost) is reported as ``restart_s``.
+* **Time limits.** The policy sees the time limit the base scheduler trusts (``--walltime-factor`` times the
+  modelled runtime at the requested size, or the trace's own), as Slurm would; ``AdapterSettings(time_limits=
+  False)`` shows every job as UNLIMITED instead. Nothing extends a limit when a job shrinks (neither does the
+  controller), and the simulator never kills a job that overruns it.
+* **Grace.** A shrink is applied ``grace_s`` after the decision (the job gets its signal, then loses nodes),
+  at the first cycle at or after that; the unit takes no other decision meanwhile.
+* **History.** Each action is journalled at decision time (any outcome starts the cooldown), then marked
+  applied or failed once the engine's next snapshot shows whether it happened; a SHRINK_TO_ADMIT records the
+  pending jobs it was for, so the admit back-off works.
+
+One :class:`ProductionPolicy` serves one run: it keeps per-run state (samples, history, extension jobs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from slurm_elastic.directives.spec import ElasticSpec
+from slurm_elastic.errors import ConfigError
+from slurm_elastic.policy import (
+    Action,
+    Decision,
+    ElasticUnit,
+    ExtensionJob,
+    JobUtilization,
+    Outcome,
+    PolicyConfig,
+    PolicyInput,
+    Reason,
+    ResizeRecord,
+    ThroughputSample,
+    decide,
+    default_config,
+    parse_config,
+    resolve_unit,
+)
+from slurm_elastic.sim.config import SimConfig
+from slurm_elastic.sim.elastic import ClusterSnapshot, JobView, ResizeRequest
+from slurm_elastic.sim.errors import SimulationError
+from slurm_elastic.slurm.model import ClusterSnapshot as SlurmSnapshot
+from slurm_elastic.slurm.model import GresCount, Job, Node, Partition
+
+EPOCH = datetime(2024, 1, 1, tzinfo=UTC)  # a Monday, 00:00 UTC
+PARTITION = "sim"
+USER = "sim"
+MAX_AGE_MIN = 7 * 24 * 60  # Slurm's default PriorityMaxAge (7-0)
+THROUGHPUT_KEEP = 10  # throughput samples kept per node count
+EXTENSION_ID_BASE = 1_000_000_000  # extension job ids: never clash with trace jobs (1, 2, ...)
+_CPUS_PER_GPU = 8
+
+
+@dataclass(frozen=True)
+class AdapterSettings:
+    """How trace jobs become elastic units (the simulator's stand-in for users' ``#ELASTIC`` directives).
+
+    With ``n = gpus / G`` the nodes' worth of GPUs a job asked for:
+
+    * ``--min-nodes`` is ``max(1, floor(min_fraction * n))``: 0 lets every job shrink to its batch host,
+      1 keeps at least the whole nodes it asked for;
+    * ``--max-nodes`` is ``ceil(max_factor * n)``, at least the nodes it started on, at most the cluster.
+
+    Both stay within the engine's bounds (``SimConfig.min_nodes/max_nodes`` or the trace's). ``time_limits``:
+    whether the policy sees the jobs' time limits (see the module docstring).
+    """
+
+    min_fraction: float = 0.0
+    max_factor: float = 2.0
+    time_limits: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_fraction <= 1.0:
+            raise ConfigError(f"min_fraction must be within 0..1, not {self.min_fraction}")
+        if not self.max_factor >= 1.0:
+            raise ConfigError(f"max_factor must be >= 1, not {self.max_factor}")
+
+
+def job_bounds(settings: AdapterSettings, requested_gpus: int, start_nodes: int, gpus_per_node: int, *,
+               engine: tuple[int, int]) -> tuple[int, int]:
+    """(min_nodes, max_nodes) of a job's elastic unit; always within the engine's bounds, min <= max."""
+    asked = requested_gpus / gpus_per_node
+    lo = max(1, math.floor(settings.min_fraction * asked + 1e-9))
+    hi = max(math.ceil(settings.max_factor * asked - 1e-9), start_nodes)
+    engine_min, engine_max = engine
+    hi = max(min(hi, engine_max), engine_min)
+    lo = min(max(lo, engine_min), hi)
+    return lo, hi
+
+
+def at(seconds: float) -> datetime:
+    """Simulated seconds as a UTC datetime."""
+    return EPOCH + timedelta(seconds=seconds)
+
+
+def age_priority(waited_s: float) -> int:
+    """Multifactor priority with only the age factor: 1 + whole minutes waited, capped at PriorityMaxAge."""
+    return 1 + min(MAX_AGE_MIN, max(0, int(waited_s // 60)))
+
+
+def node_name(index: int) -> str:
+    return f"n{index}"
+
+
+def account_of(view: JobView) -> str | None:
+    if view.account:
+        return view.account
+    if view.application:
+        return f"app-{view.application}"
+    return None
+
+
+def build_node(index: int, gpus: int, used: int) -> Node:
+    state = "IDLE" if used == 0 else "ALLOCATED" if used >= gpus else "MIXED"
+    return Node(
+        name=node_name(index), state=state, state_flags=(), partitions=(PARTITION,), cpus=gpus * _CPUS_PER_GPU,
+        alloc_cpus=used * _CPUS_PER_GPU, gres=(GresCount("gpu", None, gpus),),
+        gres_used=(GresCount("gpu", None, used),),
+    )
+
+
+def build_job(view: JobView, job_id: int, priority: int, gpus_per_node: int, *, nodes: tuple[str, ...] = (),
+              reason: str | None = None, time_limit: bool = True) -> Job:
+    """The Slurm job of a trace job: pending (``nodes`` empty) or the leader of a running unit.
+
+    ``time_limit=False`` shows the job as UNLIMITED."""
+    running = view.state == "RUNNING"
+    if running:
+        count, per_node = len(nodes), gpus_per_node  # extension nodes are whole nodes
+    else:
+        count = max(1, math.ceil(view.requested_gpus / gpus_per_node))
+        per_node = math.ceil(view.requested_gpus / count)
+    limit = None if view.time_limit is None or not time_limit else max(1, math.ceil(view.time_limit / 60))
+    return Job(
+        job_id=job_id, name=view.job_id, user=view.user or USER, account=account_of(view), partition=PARTITION,
+        qos=None, priority=priority, state=view.state, state_reason=None if running else reason, nodes=nodes,
+        batch_host=nodes[0] if nodes else None, node_count=count, tres_per_node=f"gres:gpu:{per_node}",
+        gres_per_node=(GresCount("gpu", None, per_node),), time_limit_min=limit, submit_time=at(view.submit_time),
+        start_time=at(view.start_time) if running and view.start_time is not None else None, end_time=None,
+        comment="", admin_comment="",
+    )
+
+
+@dataclass
+class _Extension:
+    job_id: int
+    nodes: list[str]
+    start: datetime
+    job: Job
+
+
+@dataclass
+class _Unit:
+    """Per-run state of one running trace job."""
+
+    job_id: int
+    spec: ElasticSpec  # --min-nodes/--max-nodes from AdapterSettings
+    start_nodes: int
+    priority: int
+    leader: list[str]
+    nodes: tuple[int, ...]
+    last_t: float
+    exts: list[_Extension] = field(default_factory=list)
+    samples: deque[tuple[float, float]] = field(default_factory=deque)
+    throughput: dict[int, deque[ThroughputSample]] = field(default_factory=dict)
+    leader_job: Job | None = None
+    restarted: bool = False
+
+
+@dataclass
+class _Inflight:
+    record: ResizeRecord
+    target: int
+    due: float  # when the engine is asked (after the grace period for a shrink)
+    sent: bool = False
+    admits: tuple[int, ...] = ()
+
+
+class ProductionPolicy:
+    """``policy(snapshot, now) -> requests`` through ``slurm_elastic.policy.decide``. One instance per run."""
+
+    def __init__(self, cfg: PolicyConfig, sim: SimConfig, settings: AdapterSettings | None = None) -> None:
+        self.cfg = cfg
+        self.sim = sim
+        self.settings = settings or AdapterSettings()
+        self.calls = 0
+        self._ids: dict[str, int] = {}
+        self._trace_ids: dict[int, str] = {}
+        self._units: dict[str, _Unit] = {}
+        self._inflight: dict[str, _Inflight] = {}
+        self._last_any: dict[int, ResizeRecord] = {}
+        self._last_grow: dict[int, ResizeRecord] = {}
+        self._admits: dict[int, ResizeRecord] = {}
+        self._next_ext = EXTENSION_ID_BASE
+        self._nodes: dict[tuple[int, int, int], Node] = {}
+        self._windows: dict[tuple[str | None, str | None], float] = {}
+        self._last_now: float | None = None
+
+    # ------------------------------------------------------------------ the hook
+
+    def __call__(self, snapshot: ClusterSnapshot, now: float) -> Sequence[ResizeRequest]:
+        if self._last_now is not None and now <= self._last_now:
+            raise SimulationError("a ProductionPolicy serves one run; make a new one (make_policy) per run")
+        self._last_now = now
+        self.calls += 1
+        t = at(now)
+        running = [v for v in snapshot.jobs if v.state == "RUNNING"]
+        pending = [v for v in snapshot.jobs if v.state == "PENDING"]
+        for view in pending:
+            self._id(view.job_id)
+        self._observe(running, now)
+        units, utilization, jobs = self._units_input(running, now, t)
+        head = True
+        for view in pending:
+            jobs.append(build_job(view, self._ids[view.job_id], age_priority(now - view.submit_time),
+                                  snapshot.gpus_per_node, reason="Resources" if head else "Priority",
+                                  time_limit=self.settings.time_limits))
+            head = False
+        slurm = SlurmSnapshot(
+            taken_at=t, jobs=tuple(jobs), nodes=self._slurm_nodes(snapshot),
+            partitions=(Partition(PARTITION, tuple(node_name(n.index) for n in snapshot.nodes), is_default=True),),
+        )
+        history = tuple({id(r): r for r in (*self._last_any.values(), *self._last_grow.values(),
+                                            *self._admits.values())}.values())
+        decisions = decide(PolicyInput(slurm, tuple(units), utilization, history), self.cfg, t)
+        return self._act(decisions, now, t)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _id(self, trace_id: str) -> int:
+        found = self._ids.get(trace_id)
+        if found is None:
+            found = self._ids[trace_id] = len(self._ids) + 1
+            self._trace_ids[found] = trace_id
+        return found
+
+    def _ready(self, view: JobView) -> float:
+        """When the job's current (re)start delay ends (or ended)."""
+        ready = (view.start_time or 0.0) + self.sim.start_delay
+        if view.last_resize_time is not None:
+            ready = max(ready, view.last_resize_time + self.sim.resize_cost)
+        return ready
+
+    def _observe(self, running: list[JobView], now: float) -> None:
+        seen: set[str] = set()
+        for view in running:
+            seen.add(view.job_id)
+            unit = self._units.get(view.job_id)
+            if unit is None:
+                unit = self._units[view.job_id] = self._new_unit(view)
+            elif view.nodes != unit.nodes:
+                self._reconcile(unit, view)
+            self._sample(unit, view, now)
+            self._settle(view, unit, now)
+        for gone in [k for k in self._units if k not in seen]:
+            del self._units[gone]
+            self._inflight.pop(gone, None)
+            job_id = self._ids[gone]
+            self._last_any.pop(job_id, None)
+            self._last_grow.pop(job_id, None)
+        for for_job in [j for j, r in self._admits.items() if self._trace_ids[j] in seen]:
+            del self._admits[for_job]  # the job it was for started: the back-off no longer matters
+
+    def _new_unit(self, view: JobView) -> _Unit:
+        job_id = self._id(view.job_id)
+        lo, hi = job_bounds(self.settings, view.requested_gpus, view.num_nodes, self.sim.gpus_per_node,
+                            engine=(view.min_nodes, view.max_nodes))
+        start = view.start_time if view.start_time is not None else 0.0
+        return _Unit(
+            job_id=job_id, spec=ElasticSpec(min_nodes=lo, max_nodes=hi, explicit=frozenset({"min_nodes", "max_nodes"})),
+            start_nodes=view.num_nodes,
+            priority=age_priority(start - view.submit_time), leader=[node_name(n) for n in view.nodes],
+            nodes=view.nodes, last_t=start,
+        )
+
+    def _reconcile(self, unit: _Unit, view: JobView) -> None:
+        """Turn the engine's node list into leader nodes plus extension jobs (grows append, shrinks cut)."""
+        old, new = unit.nodes, view.nodes
+        unit.nodes = new
+        if len(new) > len(old) and new[: len(old)] == old:
+            when = at(view.last_resize_time if view.last_resize_time is not None else 0.0)
+            names = [node_name(n) for n in new[len(old):]]
+            self._next_ext += 1
+            ext_job = Job(
+                job_id=self._next_ext, name=f"{view.job_id}-ext", user=view.user or USER, account=account_of(view),
+                partition=PARTITION, qos=None, priority=unit.priority, state="RUNNING", state_reason=None,
+                nodes=tuple(names), batch_host=names[0], node_count=len(names),
+                tres_per_node=f"gres:gpu:{self.sim.gpus_per_node}",
+                gres_per_node=(GresCount("gpu", None, self.sim.gpus_per_node),), time_limit_min=None,
+                submit_time=when, start_time=when, end_time=None, comment="", admin_comment="",
+            )
+            unit.exts.append(_Extension(self._next_ext, names, when, ext_job))
+        elif len(new) < len(old) and old[: len(new)] == new:
+            drop = len(old) - len(new)
+            while drop and unit.exts:
+                ext = unit.exts[-1]
+                cut = min(drop, len(ext.nodes))
+                drop -= cut
+                if cut == len(ext.nodes):
+                    unit.exts.pop()
+                else:
+                    ext.nodes = ext.nodes[: len(ext.nodes) - cut]
+                    ext.job = replace(ext.job, nodes=tuple(ext.nodes), node_count=len(ext.nodes))
+            if drop:
+                unit.leader = unit.leader[: len(unit.leader) - drop]
+        else:  # not something the engine does; start over from what it says
+            unit.leader, unit.exts = [node_name(n) for n in new], []
+        unit.leader_job = None
+
+    def _sample(self, unit: _Unit, view: JobView, now: float) -> None:
+        span = now - unit.last_t
+        if span <= 0:
+            return
+        busy = 0.0 if view.restarting_until is not None else max(0.0, now - max(unit.last_t, self._ready(view)))
+        unit.samples.append((now, 100.0 * view.gpu_util * busy / span))
+        if busy > 0 and view.throughput > 0:
+            per_size = unit.throughput.setdefault(view.num_nodes, deque(maxlen=THROUGHPUT_KEEP))
+            per_size.append(ThroughputSample(at(now), view.num_nodes, view.throughput))
+        unit.last_t = now
+        if view.resizes:
+            unit.restarted = True
+
+    def _settle(self, view: JobView, unit: _Unit, now: float) -> None:
+        """Mark a journalled action applied or failed once the engine had its chance."""
+        flight = self._inflight.get(view.job_id)
+        if flight is None or not flight.sent:
+            return
+        record = flight.record
+        applied = view.num_nodes == flight.target and view.last_resize_time is not None and \
+            view.last_resize_time >= flight.due
+        done = replace(record, outcome=Outcome.APPLIED if applied else Outcome.FAILED,
+                       at=at(view.last_resize_time) if applied and view.last_resize_time is not None else record.at)
+        self._journal(done, flight.admits)
+        del self._inflight[view.job_id]
+
+    def _journal(self, record: ResizeRecord, admits: tuple[int, ...] = ()) -> None:
+        self._last_any[record.unit_id] = record
+        if record.action is Action.GROW:
+            self._last_grow[record.unit_id] = record
+        for job_id in admits:
+            self._admits[job_id] = replace(record, for_job=job_id)
+
+    # ------------------------------------------------------------------ policy input
+
+    def _window(self, unit: ElasticUnit, t: datetime) -> float:
+        cfg = self.cfg.at(t)
+        key = (cfg.active_profile, unit.job.account)
+        found = self._windows.get(key)
+        if found is None:
+            found = self._windows[key] = float(resolve_unit(cfg, unit).window_s)
+        return found
+
+    def _units_input(self, running: list[JobView], now: float, t: datetime) -> tuple[
+            list[ElasticUnit], dict[int, JobUtilization], list[Job]]:
+        units: list[ElasticUnit] = []
+        utilization: dict[int, JobUtilization] = {}
+        jobs: list[Job] = []
+        for view in running:
+            state = self._units[view.job_id]
+            if state.leader_job is None:
+                state.leader_job = build_job(view, state.job_id, state.priority, self.sim.gpus_per_node,
+                                             nodes=tuple(state.leader), time_limit=self.settings.time_limits)
+            jobs.append(state.leader_job)
+            exts = tuple(ExtensionJob(e.job_id, "RUNNING", tuple(e.nodes), len(e.nodes), e.start, e.start, e.nodes[0])
+                         for e in state.exts)
+            jobs.extend(e.job for e in state.exts)
+            unit = ElasticUnit(state.leader_job, state.spec, exts, submitted_nodes=state.start_nodes)
+            units.append(unit)
+            oldest = now - self._window(unit, t) - self.sim.interval
+            while state.samples and state.samples[0][0] < oldest:
+                state.samples.popleft()
+            if state.samples:
+                values = [v for _, v in state.samples]
+                utilization[state.job_id] = JobUtilization(
+                    unit_id=state.job_id, mean_util=sum(values) / len(values), max_util=max(values),
+                    window_s=state.samples[-1][0] - state.samples[0][0], samples=len(values),
+                    last_sample_at=at(state.samples[-1][0]), gpus_allocated=view.num_gpus,
+                    gpus_in_use=round(view.num_gpus * view.gpu_util),
+                    throughput=tuple(s for q in state.throughput.values() for s in q),
+                    restart_s=self.sim.resize_cost if state.restarted else None,
+                )
+        return units, utilization, jobs
+
+    def _slurm_nodes(self, snapshot: ClusterSnapshot) -> tuple[Node, ...]:
+        out: list[Node] = []
+        for view in snapshot.nodes:
+            key = (view.index, view.total_gpus, view.total_gpus - view.free_gpus)
+            node = self._nodes.get(key)
+            if node is None:
+                node = self._nodes[key] = build_node(view.index, view.total_gpus, key[2])
+            out.append(node)
+        return tuple(out)
+
+    # ------------------------------------------------------------------ decisions -> requests
+
+    def _act(self, decisions: Sequence[Decision], now: float, t: datetime) -> list[ResizeRequest]:
+        out: list[ResizeRequest] = []
+        for d in decisions:
+            trace_id = self._trace_ids[d.unit_id]
+            if d.action is Action.HOLD or trace_id in self._inflight:
+                continue
+            admits = d.shrink.admits if d.shrink is not None and d.reason is Reason.SHRINK_TO_ADMIT else ()
+            record = ResizeRecord(at=t, unit_id=d.unit_id, action=d.action, from_nodes=d.current_nodes,
+                                  to_nodes=d.target_nodes, outcome=Outcome.INTENT, reason=str(d.reason))
+            self._journal(record, admits)
+            due = now + (d.grace_s if d.action is Action.SHRINK else 0)
+            self._inflight[trace_id] = _Inflight(record, d.target_nodes, due, admits=admits)
+        for trace_id, flight in self._inflight.items():
+            if not flight.sent and flight.due <= now:
+                flight.sent = True
+                flight.due = now
+                out.append(ResizeRequest(trace_id, flight.target, flight.record.reason))
+        return out
+
+
+def load_policy_config(policy_file: Path | None) -> PolicyConfig:
+    """The production policy config from a TOML file, or the packaged defaults."""
+    if policy_file is None:
+        return default_config()
+    try:
+        text = policy_file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read policy file {policy_file}: {exc.strerror or exc}") from None
+    return parse_config(text, source=str(policy_file))
+
+
+def make_policy(policy_file: Path | None, config: SimConfig, settings: AdapterSettings | None = None
+                ) -> ProductionPolicy:
+    """The simulator's elastic policy: the production policy configured by ``policy_file`` (TOML)."""
+    return ProductionPolicy(load_policy_config(policy_file), config, settings)

@@ -1,0 +1,61 @@
+"""The issue-7 benchmarks in a short form: their machinery runs end to end on a tiny input (counts, no timings)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import queue
+import secrets
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from slurm_elastic.controller.collect import collect
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_controller_cycle_short(tmp_path: Path) -> None:
+    bench = _load("controller_cycle")
+    squeue, sinfo = bench.build_documents(200, 40, 8, seed=1)
+    times, counts = bench.one_cycle(squeue, sinfo, bench.site_config(), tmp_path / "c.db", seed=0)
+    assert set(times) == {"json.loads", "parse", "units", "policy", "DB write"}
+    fields = dict(item.split("=") for item in counts.replace("rows written", "written").split())
+    assert int(fields["nodes"]) == 40 and int(fields["gpus"]) == 320
+    assert int(fields["units"]) > 0 and int(fields["written"]) == int(fields["decisions"]) == int(fields["units"])
+
+
+def test_agent_fanout_short() -> None:
+    bench = _load("agent_fanout")
+    key = secrets.token_bytes(32)
+    ports: queue.Queue[object] = queue.Queue()
+    stop = threading.Event()
+
+    async def run() -> tuple[int, int]:
+        server = asyncio.create_task(bench._serve(0, list(range(5)), key, ports, stop))
+        try:
+            for _ in range(100):  # the servers bind within a few event-loop turns
+                if not ports.empty():
+                    break
+                await asyncio.sleep(0.05)
+            _, bound = ports.get_nowait()
+            agents = {f"node{i:05d}": f"http://127.0.0.1:{p}" for i, p in enumerate(bound)}
+            result = await collect(agents, key, timeout_s=10.0)
+            raw_count, _ = await bench._raw_cycle(list(agents.values()), 4)
+            jobs = sum(len(r.jobs) for r in result.reports.values())
+            assert not result.errors
+            return raw_count, jobs
+        finally:
+            stop.set()
+            await asyncio.wait_for(server, 10.0)
+
+    raw_count, jobs = asyncio.run(run())
+    assert raw_count == 5 and jobs == 10  # five agents, two jobs each
