@@ -24,11 +24,15 @@ def _register() -> None:
     main.add_command(cluster_cmd.slurm_cmd)
     from slurm_elastic.cli.mig_cmd import mig_cmd
     main.add_command(mig_cmd)
+    from slurm_elastic.cli import mig_workflow_cmd  # noqa: F401, I001 - adds plan/apply/suggest to `mig`
     from slurm_elastic.cli.simulate_cmd import simulate_cmd; main.add_command(simulate_cmd)  # noqa: E702, I001
     from slurm_elastic.cli.check_cmd import check_cmd; main.add_command(check_cmd)  # noqa: E702, I001
     from slurm_elastic.cli.agent_cmd import agent_cmd; main.add_command(agent_cmd)  # noqa: E702, I001
     from slurm_elastic.cli.db_cmd import db_cmd; main.add_command(db_cmd)  # noqa: E702, I001
     from slurm_elastic.cli.controller_cmd import controller_cmd; main.add_command(controller_cmd)  # noqa: E702, I001
+    from slurm_elastic.cli.decisions_cmd import decisions_cmd, jobs_cmd  # noqa: I001
+    main.add_command(decisions_cmd)
+    main.add_command(jobs_cmd)
 
 
 _register()

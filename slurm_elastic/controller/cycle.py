@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 Collector = Callable[[Mapping[str, str]], CollectResult]
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING"}
+EXTENSION_ENDS_BY_US = {"CANCELLED", "COMPLETED"}  # our own cancels (shrink, orphan) and normal ends
+EXTENSION_SHORT_LIFE_S = 600.0
 _KIND_ACTION = {ActionKind.GROW: Action.GROW, ActionKind.SHRINK: Action.SHRINK,
                 ActionKind.CANCEL_EXTENSION: Action.SHRINK}
 _STATE_OUTCOME = {ActionState.APPLIED: Outcome.APPLIED, ActionState.FAILED: Outcome.FAILED,
@@ -160,12 +162,13 @@ class Controller:
         history = self._history(units, now)
         decisions = decide(PolicyInput(snap, tuple(built.units), utilization, history), self.policy, now)
         summary.decisions = decisions
-        new = [self._new_decision(d, open_by_unit) for d in decisions]
+        blocked = self._blocked(decisions, open_by_unit, now)
+        new = [self._new_decision(d, blocked.get(d.unit_id)) for d in decisions]
         ids = self.store.decisions.record_decisions(summary.cycle_id or 0, new)
         if self.cfg.dry_run:
             return
         for d, decision_id in zip(decisions, ids, strict=True):
-            if d.action == Action.HOLD or d.unit_id in open_by_unit:
+            if d.action == Action.HOLD or d.unit_id in blocked:
                 continue
             try:
                 if d.action == Action.GROW and d.grow is not None:
@@ -289,11 +292,41 @@ class Controller:
                 log.info("job %d: shrink after grace -> %s", action.job_id, outcome)
         return still_open
 
-    def _new_decision(self, d: Decision, open_by_unit: Mapping[int, ActionRecord]) -> NewDecision:
+    def _blocked(self, decisions: list[Decision], open_by_unit: Mapping[int, ActionRecord],
+                 now: datetime) -> dict[int, str]:
+        """Actions the shell will not carry out this cycle, and why (recorded with the decision)."""
+        blocked: dict[int, str] = {}
+        for d in decisions:
+            if d.action == Action.HOLD:
+                continue
+            if d.unit_id in open_by_unit:
+                blocked[d.unit_id] = f"action {open_by_unit[d.unit_id].id} still in progress"
+            elif d.action == Action.GROW and (why := self._grow_backoff(d.unit_id, now)):
+                blocked[d.unit_id] = why
+        return blocked
+
+    def _grow_backoff(self, unit_id: int, now: datetime) -> str | None:
+        """After extension jobs die on their own (a bad script, an output they cannot open, a failing node),
+        growing again at once would only repeat it: wait 60 s, doubling per failure in the last hour (max 1 h)."""
+        failures = [e for e in self.store.jobs.extensions(unit_id, active_only=False)
+                    if e.ended_at is not None and e.ended_at > now - timedelta(hours=1)
+                    and e.state not in EXTENSION_ENDS_BY_US
+                    and (e.ended_at - e.created_at).total_seconds() < EXTENSION_SHORT_LIFE_S]
+        if not failures:
+            return None
+        wait = min(3600.0, 60.0 * 2 ** (len(failures) - 1))
+        last = max(e.ended_at for e in failures if e.ended_at is not None)
+        left = wait - (now - last).total_seconds()
+        if left <= 0:
+            return None
+        return (f"{len(failures)} extension job(s) ended on their own within {EXTENSION_SHORT_LIFE_S:.0f}s "
+                f"(last {failures[0].job_id}: {failures[0].state}); next grow in {left:.0f}s")
+
+    def _new_decision(self, d: Decision, not_acted: str | None) -> NewDecision:
         inputs = dict(d.inputs)
         inputs["basis"] = str(d.basis)
-        if d.action != Action.HOLD and d.unit_id in open_by_unit:
-            inputs["not_acted"] = f"action {open_by_unit[d.unit_id].id} still in progress"
+        if not_acted:
+            inputs["not_acted"] = not_acted
         return NewDecision(job_id=d.unit_id, action=str(d.action), reason=str(d.reason), message=d.message,
                            inputs=inputs, current_nodes=d.current_nodes, target_nodes=d.target_nodes,
                            signal=d.signal, profile=d.profile, paused=d.reason == "PAUSED",

@@ -92,6 +92,14 @@ def build_request(
         args.append(f"--gres={','.join(gres)}")
     if leader.working_dir:
         args.append(f"--chdir={leader.working_dir}")
+    # Write where the leader writes (an output the owner cannot open fails the job at once); append, so that a
+    # pattern without %j never truncates the leader's own file.
+    if leader.standard_output:
+        args.append(f"--output={leader.standard_output}")
+    if leader.standard_error and leader.standard_error != leader.standard_output:
+        args.append(f"--error={leader.standard_error}")
+    if leader.standard_output or leader.standard_error:
+        args.append("--open-mode=append")
     remaining = leader.remaining_seconds(now)
     if remaining is not None:
         # Never outlive the leader: at most its remaining time, whole minutes, at least one.

@@ -55,6 +55,8 @@ class Job:
     state_flags: tuple[str, ...] = ()
     batch_flag: bool = True
     working_dir: str | None = None  # extension jobs run in the leader's working directory
+    standard_output: str | None = None  # the --output pattern (extension jobs write where the leader writes)
+    standard_error: str | None = None
 
     @property
     def is_het_component(self) -> bool:

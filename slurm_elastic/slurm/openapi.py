@@ -165,6 +165,8 @@ def _job(raw: Any) -> Job:
         array_task_id=num(j.get("array_task_id")) if array_job is not None else None,
         batch_flag=bool(j.get("batch_flag", True)),
         working_dir=_str(j.get("current_working_directory")),
+        standard_output=_str(j.get("standard_output")),
+        standard_error=_str(j.get("standard_error")),
     )
 
 

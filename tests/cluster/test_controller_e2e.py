@@ -209,3 +209,51 @@ def test_sigkill_between_intent_and_outcome_reconciles_without_duplicates(
         assert first.state == ActionState.ABORTED
         assert any(a.state == ActionState.APPLIED for a in actions[1:])
     assert all(a.state in {ActionState.APPLIED, ActionState.ABORTED} for a in actions)
+
+
+def torchrun_test_script(cluster: TestCluster) -> str:
+    """The real torchrun template with test-sized directives, plus a virtual-GPU load at 90% on every node
+    (torch runs on CPU here, so the GPU signal comes from the workload helper)."""
+    from tests.cluster.agents_harness import JOB_PYTHON, REPO
+
+    text = (REPO / "sbatch_templates" / "torchrun_elastic.sbatch").read_text()
+    lines = [ln for ln in text.splitlines() if not ln.startswith("#ELASTIC")]
+    head, body = lines[: lines.index("set -u")], lines[lines.index("set -u"):]
+    load = (f"export PYTHONPATH={REPO} SLURM_ELASTIC_VGPU_DIR={cluster.root / 'vgpu'}\n"
+            f"srun --overlap --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.vgpu.workload "
+            "--util 90 --mem-mib 500 &")
+    return "\n".join([*head, DIRECTIVES, "export SLURM_ELASTIC_MIN_NODES=1 SLURM_ELASTIC_MAX_NODES=3", load,
+                      *body]) + "\n"
+
+
+def test_torchrun_workers_join_the_rendezvous_as_the_job_grows(stack: Agents, tmp_path: Path) -> None:
+    from tests.cluster.agents_harness import REPO
+
+    cluster = stack.cluster
+    jobs_python = REPO / ".venv-jobs" / "bin"
+    assert (jobs_python / "python3").exists(), "scripts/bootstrap builds .venv-jobs with torch"
+    env_path = f"{jobs_python}:/usr/local/bin:/usr/bin:/bin"
+    script = torchrun_test_script(cluster)
+    cp = cluster.run(["env", f"PATH={env_path}", "sbatch", "--parsable", f"--chdir={REPO / 'sbatch_templates'}",
+                      f"--output={cluster.jobs_dir}/%j.out", "-N1", "--gres=gpu:2", "--time=60"],
+                     user="alice", input_text=script)
+    assert cp.returncode == 0, cp.stderr
+    job = int(cp.stdout.strip())
+    cluster.wait_state(job, {"RUNNING"})
+    cfg = controller_config(tmp_path, stack)
+    cfg.write_text(cfg.read_text().replace('PATH = "/usr/local/bin:/usr/bin:/bin"', f'PATH = "{env_path}"'))
+
+    def world_sizes() -> set[int]:
+        sizes: set[int] = set()
+        for out in cluster.jobs_dir.glob("*.out"):
+            for line in out.read_text(errors="replace").splitlines():
+                if line.startswith("rendezvous world_size=") and f"elastic-{job}" not in line:
+                    sizes.add(int(line.split()[1].split("=")[1]))
+        return sizes
+
+    with running_controller(cluster, cfg) as ctl:
+        wait_until("two running extension jobs", lambda: sum(
+            1 for e in extensions_of(cluster, job) if e["job_state"] == "RUNNING") == 2, 180, ctl)
+        wait_until("a rendezvous of 3 members", lambda: 3 in world_sizes(), 180, ctl)
+    leader_out = (cluster.jobs_dir / f"{job}.out").read_text(errors="replace")
+    assert "rendezvous world_size=1" in leader_out  # it started alone, then re-formed as the job grew

@@ -25,7 +25,8 @@ def job(job_id: int, user: str = "alice", comment: str = "", state: str = "RUNNI
                priority=100, state=state, state_reason=None, nodes=("n1", "n2"), batch_host="n1", node_count=2,
                tres_per_node="gres:gpu:4", gres_per_node=(GresCount("gpu", None, 4),), time_limit_min=60,
                submit_time=NOW - timedelta(minutes=20), start_time=NOW - timedelta(minutes=15), end_time=None,
-               comment=comment, admin_comment="", working_dir="/home/alice/run")
+               comment=comment, admin_comment="", working_dir="/home/alice/run",
+               standard_output="/home/alice/run/%j.out")
     return replace(base, **kw)  # type: ignore[arg-type]
 
 
@@ -41,6 +42,7 @@ def test_request_mirrors_the_leader() -> None:
     assert args["--job-name"] == "elastic-ext-42" and args["--chdir"] == "/home/alice/run"
     assert parse_tag(args["--comment"]) == ExtensionTag(42, "grow:42:7:1")
     assert "--no-kill" in req.sbatch_args
+    assert args["--output"] == "/home/alice/run/%j.out" and args["--open-mode"] == "append"
     assert req.env["SLURM_ELASTIC_ROLE"] == "extension" and req.env["SLURM_ELASTIC_PARENT"] == "42"
     assert req.env["SLURM_ELASTIC_RDZV_ENDPOINT"] == "10.0.0.1:29542" and req.env["PATH"] == "/usr/bin"
 

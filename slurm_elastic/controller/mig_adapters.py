@@ -1,0 +1,253 @@
+"""The MIG workflow's adapters: the imperative shell around :mod:`slurm_elastic.mig.workflow`'s ports.
+
+* :class:`StoreJournal` - the store's action journal (kinds ``mig_workflow`` and ``mig_step``, job id 0);
+* :class:`CliSlurm` - Slurm through :class:`~slurm_elastic.slurm.adapter.SlurmCli`;
+* :class:`HttpAgent` - the node agent's signed ``/v1/mig`` endpoints;
+* :class:`LocalFiles` - slurm.conf / gres.conf, written atomically (temp file + rename, mode kept);
+* :class:`CommandDaemons` - the site's commands that stop/start slurmd and restart slurmctld (argument lists);
+* :class:`SystemClock`, and :func:`fault_hook` - the documented, test-only fault injection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from slurm_elastic.agent.client import AgentClient
+from slurm_elastic.agent.errors import AgentClientError, AgentRequestError
+from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.mig.config import AgentAccess, Commands
+from slurm_elastic.mig.model import NodeLayout
+from slurm_elastic.mig.wire import NodeMigReport
+from slurm_elastic.mig.workflow import (
+    InjectedFault,
+    JobOnNode,
+    NodeStatus,
+    Record,
+    RecordState,
+    WorkflowError,
+)
+from slurm_elastic.slurm.adapter import SlurmCli
+from slurm_elastic.store import ActionKind, ActionRecord, DuplicateIntentError
+from slurm_elastic.store.protocols import Journal
+
+FAULT_ENV = "SLURM_ELASTIC_MIG_FAULT"
+ACTIVE_JOB_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "CONFIGURING", "STOPPED", "SIGNALING"})
+
+
+def _record(a: ActionRecord) -> Record:
+    return Record(id=a.id, key=a.idempotency_key, kind=a.kind.value, state=RecordState(a.state.value),
+                  params=a.params, message=a.message)
+
+
+class StoreJournal:
+    """:class:`~slurm_elastic.mig.workflow.WorkflowJournal` over the store's journal."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._j = journal
+
+    def create(self, key: str, kind: str, params: Mapping[str, object], gpus: int) -> Record:
+        try:
+            action_id = self._j.record_intent(job_id=0, kind=ActionKind(kind), idempotency_key=key, params=params,
+                                              nodes=1, gpus=gpus)
+        except DuplicateIntentError as exc:  # a crashed run recorded it already: use that record
+            return self.get(exc.existing_id)
+        return self.get(action_id)
+
+    def get(self, record_id: int) -> Record:
+        return _record(self._j.get(record_id))
+
+    def find(self, key: str) -> Record | None:
+        found = self._j.find_by_idempotency_key(key)
+        return None if found is None else _record(found)
+
+    def start(self, record_id: int) -> Record:
+        return _record(self._j.mark_in_progress(record_id))
+
+    def finish(self, record_id: int, message: str) -> Record:
+        return _record(self._j.mark_applied(record_id, message))
+
+    def fail(self, record_id: int, message: str) -> Record:
+        return _record(self._j.mark_failed(record_id, message, transient=False))
+
+    def abort(self, record_id: int, message: str) -> Record:
+        return _record(self._j.abort(record_id, message))
+
+    def open_workflows(self) -> list[Record]:
+        return [_record(a) for a in self._j.open_actions() if a.kind is ActionKind.MIG_WORKFLOW]
+
+    def workflows(self, limit: int = 20) -> list[Record]:
+        """The newest workflows, open or not (for ``mig workflows``)."""
+        out = []
+        for a in self._j.list_actions(limit=limit * 20):
+            if a.kind is ActionKind.MIG_WORKFLOW:
+                out.append(_record(a))
+            if len(out) >= limit:
+                break
+        return out
+
+
+class CliSlurm:
+    """:class:`~slurm_elastic.mig.workflow.SlurmPort` over the Slurm command-line tools."""
+
+    def __init__(self, cli: SlurmCli | None = None) -> None:
+        self.cli = cli or SlurmCli()
+
+    def node_status(self, node: str) -> NodeStatus:
+        for n in self.cli.nodes():
+            if n.name == node:
+                return NodeStatus(n.name, n.state, n.state_flags, n.reason, ",".join(str(g) for g in n.gres))
+        raise WorkflowError(f"Slurm does not know node {node}")
+
+    def jobs_on(self, node: str) -> tuple[JobOnNode, ...]:
+        return tuple(JobOnNode(j.job_id, j.user, j.state) for j in self.cli.jobs()
+                     if node in j.nodes and j.state in ACTIVE_JOB_STATES)
+
+    def drain(self, node: str, reason: str) -> None:
+        self.cli.drain(node, reason)
+
+    def resume(self, node: str) -> None:
+        self.cli.resume(node)
+
+    def reconfigure(self) -> None:
+        self.cli.reconfigure()
+
+
+class HttpAgent:
+    """:class:`~slurm_elastic.mig.workflow.AgentPort` over the agents' signed HTTP endpoints."""
+
+    def __init__(self, access: AgentAccess, key: bytes) -> None:
+        self.access = access
+        self._key = key
+
+    def report(self, node: str) -> NodeMigReport:
+        async def go() -> NodeMigReport:
+            async with AgentClient(self._key, timeout_s=self.access.timeout_s) as client:
+                return await client.mig_report(self.access.url_for(node))
+
+        try:
+            return asyncio.run(go())
+        except AgentClientError as exc:
+            raise WorkflowError(f"agent of {node}: {exc}") from exc
+
+    def apply(self, node: str, layout: NodeLayout) -> tuple[tuple[str, ...], NodeMigReport]:
+        async def go() -> tuple[tuple[str, ...], NodeMigReport]:
+            async with AgentClient(self._key, timeout_s=self.access.timeout_s) as client:
+                answer = await client.mig_apply(self.access.url_for(node), layout,
+                                                timeout_s=self.access.apply_timeout_s)
+                return answer.changes, answer.report
+
+        try:
+            return asyncio.run(go())
+        except AgentRequestError as exc:
+            done = f" (changes made: {'; '.join(exc.changes)})" if exc.changes else ""
+            raise WorkflowError(f"agent of {node} refused or failed the apply: {exc.error}: {exc.detail}{done}") \
+                from exc
+        except AgentClientError as exc:
+            raise WorkflowError(f"agent of {node}: {exc}") from exc
+
+
+class LocalFiles:
+    """Config files on this host. Writes are atomic: a reader sees the old or the new file, never half."""
+
+    def read(self, path: str) -> str:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise WorkflowError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+    def write(self, path: str, text: str) -> None:
+        target = Path(path)
+        try:
+            st = target.stat()
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, st.st_mode & 0o7777)
+                with contextlib.suppress(PermissionError):
+                    os.chown(tmp, st.st_uid, st.st_gid)
+                os.replace(tmp, target)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            raise WorkflowError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+class CommandDaemons:
+    """Runs the configured commands (argument lists, ``{node}`` replaced, a timeout each, never a shell)."""
+
+    def __init__(self, commands: Commands, env: Mapping[str, str] | None = None) -> None:
+        self.commands = commands
+        self.env = dict(os.environ if env is None else env)
+
+    def _run(self, template: Sequence[str], node: str = "") -> None:
+        argv = [part.replace("{node}", node) for part in template]
+        try:
+            cp = subprocess.run(argv, capture_output=True, text=True, timeout=self.commands.timeout_s,  # noqa: S603
+                                env=self.env, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise WorkflowError(f"{' '.join(argv)}: no exit within {self.commands.timeout_s:g} s") from exc
+        except OSError as exc:
+            raise WorkflowError(f"{' '.join(argv)}: {exc.strerror or exc}") from exc
+        if cp.returncode != 0:
+            out = (cp.stderr.strip() or cp.stdout.strip())[-500:]
+            raise WorkflowError(f"{' '.join(argv)} exited {cp.returncode}: {out}")
+
+    def stop_slurmd(self, node: str) -> None:
+        self._run(self.commands.slurmd_stop, node)
+
+    def start_slurmd(self, node: str) -> None:
+        self._run(self.commands.slurmd_start, node)
+
+    def restart_slurmctld(self) -> None:
+        self._run(self.commands.slurmctld_restart)
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def fault_hook(spec: str | None, kill: Callable[[], None] | None = None) -> Callable[[str], None]:
+    """TEST ONLY. ``SLURM_ELASTIC_MIG_FAULT``: comma-separated ``kill-before:<step>``, ``kill-during:<step>``
+    (the step's effect done, not yet journaled as applied), ``kill-after:<step>`` (SIGKILL of this process at
+    that point: a controller that dies mid-workflow) and ``fail:<step>`` (the step fails with InjectedFault)."""
+    rules = [r.strip() for r in (spec or "").split(",") if r.strip()]
+    do_kill = kill or (lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+    def hook(point: str) -> None:
+        where, _, step = point.partition(":")
+        for rule in rules:
+            action, _, target = rule.partition(":")
+            if target != step:
+                continue
+            if action == f"kill-{where}":
+                do_kill()
+            if action == "fail" and where == "before":
+                raise InjectedFault(f"injected failure at {step} ({FAULT_ENV})")
+
+    return hook
+
+
+def load_agent_key(path: Path) -> bytes:
+    from slurm_elastic.agent.auth import load_key
+
+    try:
+        return load_key(path)
+    except SlurmElasticError as exc:
+        raise WorkflowError(str(exc)) from exc
