@@ -1,0 +1,250 @@
+"""The controller's shell logic with an in-memory Slurm and a fake clock (the real thing is in
+tests/cluster/test_controller_e2e.py): journal before acting, grace before shrink, dry-run, reconcile, backoff."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from slurm_elastic.agent.payload import JobReport, NodeReport, NvmlInfo
+from slurm_elastic.controller.collect import CollectResult
+from slurm_elastic.controller.config import ControllerConfig, parse_controller_config
+from slurm_elastic.controller.cycle import Controller
+from slurm_elastic.controller.extension import ExtensionTag
+from slurm_elastic.errors import ConfigError
+from slurm_elastic.policy import parse_config
+from slurm_elastic.slurm.model import ClusterSnapshot, GresCount, Job, Node, Partition
+from slurm_elastic.store import SqlStore
+from slurm_elastic.store.records import ActionKind, ActionState
+from tests.unit.storehelpers import FakeClock, memory_store
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+POLICY = parse_config("""
+version = 1
+window_s = 10
+cooldown_s = 20
+grace_s = 5
+min_samples = 3
+max_metric_age_s = 30
+startup_protection_s = 0
+min_remaining_for_grow_s = 0
+""")
+SCRIPT = "#!/bin/bash\n#ELASTIC --min-nodes 1 --max-nodes 3\nsrun train\n"
+
+
+class FakeSlurm:
+    """Just enough Slurm for the controller: jobs and nodes in memory, every call recorded."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.nodes = [Node(name=f"n{i}", state="IDLE", state_flags=(), partitions=("train",), cpus=8,
+                           alloc_cpus=0, gres=(GresCount("gpu", None, 4),), gres_used=(), address="127.0.0.1")
+                      for i in range(1, 5)]
+        self.jobs: dict[int, Job] = {}
+        self.calls: list[tuple[str, object]] = []
+        self.next_id = 100
+
+    def add_job(self, job_id: int, nodes: Sequence[str], *, user: str = "alice", comment: str = "") -> Job:
+        job = Job(job_id=job_id, name="train", user=user, account="nlp", partition="train", qos="normal",
+                  priority=100, state="RUNNING", state_reason=None, nodes=tuple(nodes), batch_host=nodes[0],
+                  node_count=len(nodes), tres_per_node="gres:gpu:4", gres_per_node=(GresCount("gpu", None, 4),),
+                  time_limit_min=600, submit_time=T0 - timedelta(hours=1), start_time=T0 - timedelta(hours=1),
+                  end_time=None, comment=comment, admin_comment="", working_dir="/tmp")
+        self.jobs[job_id] = job
+        return job
+
+    def snapshot(self) -> ClusterSnapshot:
+        used = {n for j in self.jobs.values() if j.is_running for n in j.nodes}
+        nodes = tuple(replace(n, state="ALLOCATED" if n.name in used else "IDLE",
+                              gres_used=(GresCount("gpu", None, 4),) if n.name in used else ()) for n in self.nodes)
+        return ClusterSnapshot(taken_at=self.clock(), jobs=tuple(self.jobs.values()), nodes=nodes,
+                               partitions=(Partition("train", tuple(n.name for n in self.nodes), True),))
+
+    def batch_script(self, job_id: int) -> str:
+        return SCRIPT
+
+    def shrink(self, job: Job, keep_nodes: Sequence[str]) -> None:
+        self.calls.append(("shrink", (job.job_id, tuple(keep_nodes))))
+        self.jobs[job.job_id] = replace(job, nodes=tuple(keep_nodes), node_count=len(keep_nodes))
+
+    def signal(self, job_id: int, signal: str, *, batch_only: bool = False) -> None:
+        self.calls.append(("signal", (job_id, signal)))
+
+    def cancel(self, job_id: int) -> None:
+        self.calls.append(("cancel", job_id))
+        if job_id in self.jobs:
+            self.jobs[job_id] = replace(self.jobs[job_id], state="CANCELLED")
+
+    def submit_as(self, user: str, script: str, sbatch_args: Sequence[str],
+                  env: Mapping[str, str] | None = None) -> int:
+        args = dict(a.split("=", 1) for a in sbatch_args if "=" in a)
+        self.next_id += 1
+        self.calls.append(("submit", (user, args["--nodelist"])))
+        self.add_job(self.next_id, args["--nodelist"].split(","), user=user, comment=args["--comment"])
+        return self.next_id
+
+
+class Agents:
+    """Per (node, job) utilization, reported as fresh window means at the clock's time."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.util: dict[tuple[str, int], float] = {}
+        self.silent: set[str] = set()
+
+    def __call__(self, agents: Mapping[str, str]) -> CollectResult:
+        now = self.clock().timestamp()
+        reports = {}
+        for node in agents:
+            if node in self.silent:
+                continue
+            jobs = tuple(JobReport(job_id=j, sluid=None, user="alice", account="nlp", uid=1001, devices=(),
+                                   gpus_allocated=4, gpus_in_use=4, util_mean_percent=u, util_max_percent=u,
+                                   util_last_percent=u, utilization_reason=None, memory_used_mib=0,
+                                   memory_max_mib=0, sample_count=5, util_sample_count=5,
+                                   first_sample_at=now - 5, last_sample_at=now)
+                         for (n, j), u in self.util.items() if n == node)
+            reports[node] = NodeReport(node=node, agent_version="t", generated_at=now, sampled_at=now,
+                                       interval_s=1.0, window_s=5.0, nvml=NvmlInfo("ok", None, None), gpus=(),
+                                       jobs=jobs, errors=())
+        return CollectResult(reports=reports, errors={n: "timeout" for n in agents if n in self.silent})
+
+
+@pytest.fixture
+def world() -> tuple[Controller, FakeSlurm, Agents, FakeClock, SqlStore]:
+    clock = FakeClock(T0)
+    store = memory_store(clock)
+    slurm = FakeSlurm(clock)
+    agents = Agents(clock)
+    cfg = ControllerConfig(interval_s=2.0, holder="test")
+    ctl = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents, clock=clock)  # type: ignore[arg-type]
+    return ctl, slurm, agents, clock, store
+
+
+def run(ctl: Controller, clock: FakeClock, cycles: int, step_s: float = 2.0) -> None:
+    for _ in range(cycles):
+        ctl.run_cycle()
+        clock.advance(step_s)
+
+
+def test_busy_job_grows_through_a_journaled_extension_job(world: tuple) -> None:  # type: ignore[type-arg]
+    ctl, slurm, agents, clock, store = world
+    slurm.add_job(10, ["n1"])
+    agents.util[("n1", 10)] = 95.0
+    run(ctl, clock, 8)
+    grows = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
+    assert len(grows) == 1 and grows[0].state == ActionState.APPLIED
+    ((kind, (user, nodes)),) = [c for c in slurm.calls if c[0] == "submit"]
+    assert user == "alice" and nodes == "n2"
+    ext = slurm.jobs[slurm.next_id]
+    assert "slurm-elastic:ext parent=10 key=" + grows[0].idempotency_key in ext.comment
+    assert store.jobs.extensions(10)[0].job_id == ext.job_id
+
+
+def test_idle_job_gets_the_signal_then_loses_nodes_after_grace(world: tuple) -> None:  # type: ignore[type-arg]
+    ctl, slurm, agents, clock, store = world
+    slurm.add_job(20, ["n1", "n2", "n3"])
+    for n in ("n1", "n2", "n3"):
+        agents.util[(n, 20)] = 5.0
+    run(ctl, clock, 7)  # window filled, shrink decided, signal sent
+    assert ("signal", (20, "USR1")) in slurm.calls
+    assert not any(c[0] == "shrink" for c in slurm.calls)
+    signalled_at = clock()
+    (action,) = store.journal.open_actions(20)
+    assert action.state == ActionState.IN_PROGRESS
+    run(ctl, clock, 3)  # grace (5 s) over
+    shrinks = [c for c in slurm.calls if c[0] == "shrink"]
+    assert shrinks == [("shrink", (20, ("n1", "n2")))]
+    assert store.journal.get(action.id).state == ActionState.APPLIED
+    assert store.journal.get(action.id).finished_at >= signalled_at  # type: ignore[operator]
+
+
+def test_dry_run_decides_but_never_calls_slurm(world: tuple) -> None:  # type: ignore[type-arg]
+    ctl, slurm, agents, clock, store = world
+    ctl.cfg = replace(ctl.cfg, dry_run=True)
+    slurm.add_job(30, ["n1", "n2"])
+    agents.util[("n1", 30)] = agents.util[("n2", 30)] = 5.0
+    run(ctl, clock, 10)
+    assert slurm.calls == []
+    assert store.journal.list_actions() == []
+    from slurm_elastic.store.records import DecisionFilter
+
+    shrinks = store.decisions.list_decisions(DecisionFilter(job_id=30, action="shrink"))
+    assert shrinks and all(d.dry_run for d in shrinks)
+
+
+def test_a_silent_agent_stops_samples_and_never_causes_a_shrink(world: tuple) -> None:  # type: ignore[type-arg]
+    ctl, slurm, agents, clock, store = world
+    slurm.add_job(40, ["n1", "n2"])
+    agents.util[("n1", 40)] = agents.util[("n2", 40)] = 5.0
+    agents.silent.add("n2")
+    run(ctl, clock, 20)
+    assert slurm.calls == [] and store.journal.list_actions() == []
+    assert store.samples.samples(40) == []  # partial coverage stores nothing
+
+
+def test_reconcile_resolves_dangling_grows_by_their_key(world: tuple) -> None:  # type: ignore[type-arg]
+    ctl, slurm, agents, clock, store = world
+    slurm.add_job(50, ["n1"])
+    found = store.journal.record_intent(job_id=50, kind=ActionKind.GROW, idempotency_key="grow:50:1", nodes=1)
+    lost = store.journal.record_intent(job_id=50, kind=ActionKind.GROW, idempotency_key="grow:50:2", nodes=1)
+    slurm.add_job(51, ["n2"], comment=ExtensionTag(50, "grow:50:1").render())
+    done = ctl.reconcile()
+    assert store.journal.get(found).state == ActionState.APPLIED
+    assert store.journal.get(lost).state == ActionState.ABORTED
+    assert store.jobs.extensions(50)[0].job_id == 51
+    assert len(done) == 2
+    # the leader ends: its extension is an orphan and is cancelled
+    slurm.jobs[50] = replace(slurm.jobs[50], state="COMPLETED")
+    ctl.reconcile()
+    assert ("cancel", 51) in slurm.calls
+
+
+def test_grow_backs_off_after_extensions_die_on_their_own(world: tuple) -> None:  # type: ignore[type-arg]
+    ctl, slurm, agents, clock, store = world
+    slurm.add_job(60, ["n1"])
+    agents.util[("n1", 60)] = 95.0
+    run(ctl, clock, 8)
+    ext_id = slurm.next_id
+    slurm.jobs[ext_id] = replace(slurm.jobs[ext_id], state="FAILED")  # e.g. its output could not be opened
+    ctl.reconcile()
+    run(ctl, clock, 15)  # past the cooldown (20 s), inside the 60 s backoff
+    assert len([c for c in slurm.calls if c[0] == "submit"]) == 1
+    from slurm_elastic.store.records import DecisionFilter
+
+    grows = store.decisions.list_decisions(DecisionFilter(job_id=60, action="grow"))
+    assert any("ended on their own" in str(d.inputs.get("not_acted", "")) for d in grows)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("version = 1\n[controller]\ninterval_s = 0\n", "interval_s: 0 out of range"),
+    ("version = 1\n[controller]\nbogus = 1\n", "controller.bogus: unknown key"),
+    ("[controller]\n", "version: must be 1"),
+    ("version = 1\n[agents]\nurl_template = 'http://{host}:1'\n", "url_template"),
+    ("version = 1\n[agents.urls]\nn1 = 'ftp://x'\n", "must be an http"),
+    ("version = 1\n[controller]\ndry_run = 'yes'\n", "dry_run: wrong type"),
+    ("version = 1\n[nonsense]\n", "unknown section"),
+    ("version = 1\n[controller\n", "invalid TOML"),
+])
+def test_controller_config_errors_are_clear(text: str, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        parse_controller_config(text, source="controller.toml")
+
+
+def test_controller_config_valid() -> None:
+    cfg = parse_controller_config("""
+version = 1
+[controller]
+interval_s = 15
+dry_run = true
+[agents]
+url_template = "http://{address}:9817"
+[agents.urls]
+n9 = "http://10.0.0.9:1234"
+""")
+    assert cfg.interval_s == 15 and cfg.dry_run
+    assert cfg.agents.url_for("n1", "10.0.0.1") == "http://10.0.0.1:9817"
+    assert cfg.agents.url_for("n9", "x") == "http://10.0.0.9:1234"
