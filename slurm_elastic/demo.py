@@ -1,0 +1,202 @@
+"""The live demo on the local test cluster (``scripts/demo``): agents over virtual GPUs, the controller, and two
+elastic jobs, one idle and one busy, shown as the controller shrinks the first and grows the second.
+
+Everything is real except the GPUs: the agents read NVML through nvidia-ml-py over the virtual library, the jobs
+run as alice and bob, and the controller acts through Slurm. Demo-sized policy: 20 s window, 20 s cooldown, 5 s
+grace. Not used in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from slurm_elastic.agent.auth import generate_key_file
+from slurm_elastic.slurm.adapter import SlurmCli
+from slurm_elastic.slurm.runner import SlurmCommands
+from slurm_elastic.store import SqlStore
+from slurm_elastic.store.records import DecisionFilter
+from slurm_elastic.vgpu.build import build_library
+from slurm_elastic.vgpu.state import make_node_state
+from slurm_elastic.vgpu.statefile import StateFile
+
+REPO = Path(__file__).resolve().parents[1]
+POLICY = """version = 1
+window_s = 20
+cooldown_s = 20
+grace_s = 5
+min_samples = 5
+max_metric_age_s = 30
+startup_protection_s = 0
+min_remaining_for_grow_s = 0
+"""
+DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --window 20s --cooldown 20s --grace 5s --signal USR2"
+
+
+def job_script(util: int, root: Path) -> str:
+    py = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+    return f"""#!/bin/bash
+{DIRECTIVES}
+export PYTHONPATH={REPO} SLURM_ELASTIC_VGPU_DIR={root / 'vgpu'}
+trap 'echo "$(date +%T) grace signal: checkpointing (role=${{SLURM_ELASTIC_ROLE:-leader}})"' USR2
+echo "$(date +%T) start role=${{SLURM_ELASTIC_ROLE:-leader}} nodes=$SLURM_JOB_NODELIST"
+srun --kill-on-bad-exit=0 --ntasks-per-node=1 {py} -m slurm_elastic.vgpu.workload --util {util} --mem-mib 4000 &
+child=$!
+while kill -0 $child 2>/dev/null; do wait $child; done
+sleep 3600
+"""
+
+
+class Demo:
+    def __init__(self, root: Path, duration: float) -> None:
+        self.root = root
+        self.dir = root / "demo"
+        self.duration = duration
+        self.env = {**os.environ, "SLURM_CONF": str(root / "etc" / "slurm.conf")}
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.jobs: list[int] = []
+        self.slurm = SlurmCli(SlurmCommands(env=self.env))
+
+    def start_agents(self) -> dict[str, str]:
+        lib = build_library(REPO / "build" / "vgpu")
+        key = self.dir / "agent.key"
+        if not key.exists():
+            generate_key_file(key)
+        nodes = [n.name for n in self.slurm.nodes()]
+        urls = {}
+        for k, node in enumerate(sorted(nodes)):
+            state = self.root / "vgpu" / f"{node}.state"
+            StateFile(state).write(make_node_state(node, 4, minor_base=k * 4))
+            port = 18100 + k + 1
+            env = {**self.env, "LD_LIBRARY_PATH": str(lib.parent), "SLURM_ELASTIC_VGPU_STATE": str(state)}
+            log = open(self.dir / f"agent-{node}.log", "ab")  # noqa: SIM115 - owned by the child for its life
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "slurm_elastic.cli", "agent", "--node", node, "--listen", "127.0.0.1",
+                 "--port", str(port), "--key-file", str(key), "--gpu-map-dir", str(self.root / "gpu-map"),
+                 "--interval", "2", "--window", "10"], env=env, stdout=log, stderr=subprocess.STDOUT))
+            urls[node] = f"http://127.0.0.1:{port}"
+        return urls
+
+    def start_controller(self, urls: dict[str, str]) -> Path:
+        (self.dir / "policy.toml").write_text(POLICY)
+        db = self.dir / "state.db"
+        if db.exists():
+            db.unlink()
+        url_lines = "\n".join(f'{n} = "{u}"' for n, u in urls.items())
+        cfg = self.dir / "controller.toml"
+        cfg.write_text(f"""version = 1
+[controller]
+interval_s = 3
+db_url = "sqlite:///{db}"
+policy_file = "{self.dir / 'policy.toml'}"
+reconcile_interval_s = 10
+[agents]
+key_file = "{self.dir / 'agent.key'}"
+timeout_s = 3
+[agents.urls]
+{url_lines}
+[extension.env]
+PATH = "/usr/local/bin:/usr/bin:/bin"
+SLURM_CONF = "{self.env['SLURM_CONF']}"
+""")
+        log = open(self.dir / "controller.log", "ab")  # noqa: SIM115
+        self.procs.append(subprocess.Popen([sys.executable, "-m", "slurm_elastic.cli", "controller", "-c", str(cfg)],
+                                           env=self.env, stdout=log, stderr=subprocess.STDOUT))
+        return db
+
+    def submit(self, user: str, util: int, nodes: int, name: str) -> int:
+        out = self.root / "jobs" / f"demo-{name}-%j.out"
+        job = self.slurm.submit_as(user, job_script(util, self.root),
+                                   ["--chdir=/tmp", f"--output={out}", f"--job-name={name}", f"-N{nodes}",
+                                    "--gres=gpu:4", "--time=30"], env=self.env)
+        self.jobs.append(job)
+        return job
+
+    def watch(self, db: Path, idle: int, busy: int) -> bool:
+        seen: set[int] = set()
+        shown: set[str] = set()
+        last_sizes: dict[int, int] = {}
+        deadline = time.monotonic() + self.duration
+        done_since: float | None = None
+        print(f"{'time':8}  {'job':>5} {'user':6} {'name':9} action  nodes  reason: message")
+        while time.monotonic() < deadline:
+            time.sleep(3)
+            try:
+                store = SqlStore.open(f"sqlite:///{db}", create=False)
+            except Exception:  # the controller has not created it yet
+                continue
+            try:
+                for d in sorted(store.decisions.list_decisions(DecisionFilter(limit=200)), key=lambda x: x.id):
+                    if d.id in seen:
+                        continue
+                    seen.add(d.id)
+                    if d.action != "hold" or d.reason in {"AT_MIN", "AT_MAX"}:
+                        who = "bob   idle" if d.job_id == idle else "alice busy"
+                        print(f"{d.time.astimezone(UTC):%H:%M:%S}  {d.job_id:>5} {who:16} {d.action:6} "
+                              f"{d.current_nodes}->{d.target_nodes}  {d.reason}: {d.message}", flush=True)
+            finally:
+                store.close()
+            snap = self.slurm.snapshot()
+            sizes = {j: sum(len(x.nodes) for x in snap.jobs if x.is_running and
+                            (x.job_id == j or f"parent={j} " in x.comment)) for j in (idle, busy)}
+            for out in sorted((self.root / "jobs").glob("demo-*.out")):
+                for text in out.read_text(errors="replace").splitlines():
+                    key = f"{out.name}:{text}"
+                    if key not in shown and ("grace" in text or "role=extension" in text):
+                        shown.add(key)
+                        print(f"{'':8}  job output {out.name}: {text}", flush=True)
+            if sizes != last_sizes:
+                last_sizes = dict(sizes)
+                line = "  ".join(f"{'idle' if j == idle else 'busy'} job {j}: {n} node(s)" for j, n in sizes.items())
+                print(f"{datetime.now():%H:%M:%S}  [{line}]", flush=True)
+            if sizes[idle] == 1 and sizes[busy] == 3:
+                done_since = done_since or time.monotonic()
+                if time.monotonic() - done_since > 8:
+                    return True
+        return False
+
+    def stop(self) -> None:
+        for job in self.jobs:
+            subprocess.run(["scancel", str(job)], env=self.env, check=False, timeout=30)
+        for p in self.procs:
+            p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--cluster-dir", type=Path,
+                    default=Path(os.environ.get("SLURM_ELASTIC_CLUSTER_DIR", "/var/tmp/slurm-elastic-cluster")))
+    ap.add_argument("--duration", type=float, default=300)
+    args = ap.parse_args()
+    demo = Demo(args.cluster_dir, args.duration)
+    shutil.rmtree(demo.dir, ignore_errors=True)
+    demo.dir.mkdir(parents=True)
+    try:
+        db = demo.start_controller(demo.start_agents())
+        idle = demo.submit("bob", 10, 3, "idle")
+        busy = demo.submit("alice", 95, 1, "busy")
+        print(f"bob's job {idle}: 3 nodes at 10% GPU; alice's job {busy}: 1 node at 95% GPU (4 nodes in all)")
+        print("the controller shrinks the idle job (after its grace signal) and grows the busy one with "
+              "extension jobs run as alice\n", flush=True)
+        ok = demo.watch(db, idle, busy)
+        print("\ndone: idle job at 1 node, busy job at 3 nodes" if ok else "\ndemo timed out (see "
+              f"{demo.dir}/controller.log)")
+        return 0 if ok else 1
+    finally:
+        demo.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
