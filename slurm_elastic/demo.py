@@ -146,7 +146,11 @@ SLURM_CONF = "{self.env['SLURM_CONF']}"
             snap = self.slurm.snapshot()
             sizes = {j: sum(len(x.nodes) for x in snap.jobs if x.is_running and
                             (x.job_id == j or f"parent={j} " in x.comment)) for j in (idle, busy)}
+            ids = {str(j.job_id) for j in snap.jobs if j.job_id in (idle, busy) or
+                   f"parent={idle} " in j.comment or f"parent={busy} " in j.comment}
             for out in sorted((self.root / "jobs").glob("demo-*.out")):
+                if out.stem.rsplit("-", 1)[-1] not in ids:
+                    continue
                 for text in out.read_text(errors="replace").splitlines():
                     key = f"{out.name}:{text}"
                     if key not in shown and ("grace" in text or "role=extension" in text):
@@ -163,7 +167,11 @@ SLURM_CONF = "{self.env['SLURM_CONF']}"
         return False
 
     def stop(self) -> None:
-        for job in self.jobs:
+        # Extension jobs of the demo's jobs too: the controller, which would cancel them once their leader is
+        # gone, stops at the same time.
+        extensions = [j.job_id for j in self.slurm.jobs()
+                      if any(f"slurm-elastic:ext parent={leader} " in j.comment for leader in self.jobs)]
+        for job in [*self.jobs, *extensions]:
             subprocess.run(["scancel", str(job)], env=self.env, check=False, timeout=30)
         for p in self.procs:
             p.send_signal(signal.SIGTERM)

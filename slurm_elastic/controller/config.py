@@ -24,6 +24,13 @@ is ever evaluated as code. Example::
 
     [extension]
     env = { PATH = "/usr/local/bin:/usr/bin:/bin" }   # environment of extension jobs (plus the role variables)
+
+    [retention]                # days to keep; 0 keeps forever (open journal actions are always kept)
+    samples_days = 7
+    decisions_days = 90
+    actions_days = 365
+    jobs_days = 90
+    cycles_days = 30
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.store.records import Retention
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-elastic/controller.toml")
 CONFIG_VERSION = 1
@@ -68,6 +76,7 @@ class ControllerConfig:
     retention_interval_s: float = 3600.0
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     extension_env: Mapping[str, str] = field(default_factory=lambda: {"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    retention: Retention = field(default_factory=Retention)
     source: str = "<defaults>"
 
     @property
@@ -85,6 +94,9 @@ _CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] |
     "lease_ttl_s": ((int, float), (2, 86400)),
     "reconcile_interval_s": ((int, float), (1, 86400)),
     "retention_interval_s": ((int, float), (10, 864000)),
+}
+_RETENTION_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
+    f"{k}_days": (int, (0, 36500)) for k in ("samples", "decisions", "actions", "jobs", "cycles")
 }
 _AGENT_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
     "key_file": (str, None),
@@ -124,7 +136,7 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
     version = data.pop("version", None)
     if version != CONFIG_VERSION:
         problems.append(f"version: must be {CONFIG_VERSION} (got {version!r})")
-    sections = {"controller", "agents", "extension"}
+    sections = {"controller", "agents", "extension", "retention"}
     for key in data:
         if key not in sections:
             problems.append(f"{key}: unknown section (known: {', '.join(sorted(sections))})")
@@ -140,6 +152,15 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
         template.format(node="n", address="a")
     except (KeyError, IndexError, ValueError) as e:
         problems.append(f"agents.url_template: only {{node}} and {{address}} may be used ({e})")
+    keep = _check(data.get("retention", {}), _RETENTION_KEYS, "retention", problems)
+    defaults = Retention()
+
+    def days(name: str) -> int | None:
+        if f"{name}_days" not in keep:
+            return getattr(defaults, f"{name}_s")  # type: ignore[no-any-return]
+        value = int(keep[f"{name}_days"])
+        return None if value == 0 else value * 86400
+
     ext = data.get("extension", {})
     ext_env: dict[str, str] = {}
     for key, value in ext.items():
@@ -169,6 +190,8 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
             urls=dict(urls),
         ),
         extension_env=ext_env or {"PATH": "/usr/local/bin:/usr/bin:/bin"},
+        retention=Retention(samples_s=days("samples"), decisions_s=days("decisions"), actions_s=days("actions"),
+                            jobs_s=days("jobs"), cycles_s=days("cycles")),
         source=source,
     )
 

@@ -27,7 +27,6 @@ from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import PolicyConfig, default_config, parse_config
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.store import SqlStore
-from slurm_elastic.store.records import Retention
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +105,7 @@ def run(config_path: Path, *, once: bool = False, dry_run: bool | None = None) -
 
     def retention() -> None:
         with lock:
-            ctl.store.retention.prune(Retention())
+            ctl.store.retention.prune(ctl.cfg.retention)
 
     common = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
     sched.add_job(cycle, "interval", seconds=cfg.interval_s, id="cycle", next_run_time=datetime.now(tz=UTC),

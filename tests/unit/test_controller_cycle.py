@@ -227,6 +227,7 @@ def test_grow_backs_off_after_extensions_die_on_their_own(world: tuple) -> None:
     ("version = 1\n[agents.urls]\nn1 = 'ftp://x'\n", "must be an http"),
     ("version = 1\n[controller]\ndry_run = 'yes'\n", "dry_run: wrong type"),
     ("version = 1\n[nonsense]\n", "unknown section"),
+    ("version = 1\n[retention]\nsamples_days = -1\n", "samples_days: -1 out of range"),
     ("version = 1\n[controller\n", "invalid TOML"),
 ])
 def test_controller_config_errors_are_clear(text: str, match: str) -> None:
@@ -244,7 +245,12 @@ dry_run = true
 url_template = "http://{address}:9817"
 [agents.urls]
 n9 = "http://10.0.0.9:1234"
+[retention]
+samples_days = 2
+decisions_days = 0
 """)
+    assert cfg.retention.samples_s == 2 * 86400 and cfg.retention.decisions_s is None
+    assert cfg.retention.actions_s == 365 * 86400
     assert cfg.interval_s == 15 and cfg.dry_run
     assert cfg.agents.url_for("n1", "10.0.0.1") == "http://10.0.0.1:9817"
     assert cfg.agents.url_for("n9", "x") == "http://10.0.0.9:1234"
