@@ -67,6 +67,9 @@ def subprocess_runner(
             input=input_text,
             capture_output=True,
             text=True,
+            # Any user can put bytes that are not UTF-8 into a job name or comment, and squeue --json passes them
+            # through verbatim: decoding strictly made every snapshot raise (docs/reliability.md, bug 1).
+            errors="replace",
             timeout=timeout,
             env=dict(env) if env is not None else None,
             check=False,

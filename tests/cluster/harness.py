@@ -58,8 +58,8 @@ class TestCluster:
     def run(self, argv: Sequence[str], user: str | None = None, input_text: str | None = None,
             check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         full = list(argv) if user in (None, "root") else ["runuser", "-u", str(user), "--", *argv]
-        return subprocess.run(full, capture_output=True, text=True, env=self.env, input=input_text,
-                              check=check, timeout=timeout)
+        return subprocess.run(full, capture_output=True, text=True, errors="replace", env=self.env,
+                              input=input_text, check=check, timeout=timeout)
 
     def submit(self, script_text: str, *sbatch_args: str, user: str = "root") -> int:
         """sbatch the script (stdin) as ``user``; output goes to <root>/jobs/<id>.out."""

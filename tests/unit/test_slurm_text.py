@@ -143,3 +143,10 @@ def test_missing_command_is_a_typed_error() -> None:
     cmds = SlurmCommands(env={"PATH": "/nonexistent"}, retry=RetryPolicy(attempts=1))
     with pytest.raises(SlurmCommandError, match="command not found"):
         cmds.run(["squeue-does-not-exist"])
+
+
+def test_invalid_utf8_from_slurm_is_replaced_not_fatal() -> None:
+    # A user can put any byte in a job comment and squeue --json passes it through verbatim.
+    cmds = SlurmCommands(env={"PATH": "/usr/bin:/bin"}, retry=RetryPolicy(attempts=1))
+    out = cmds.run(["printf", '{"comment": "c\\377"}']).stdout
+    assert out == '{"comment": "c\ufffd"}'
