@@ -257,3 +257,20 @@ def test_torchrun_workers_join_the_rendezvous_as_the_job_grows(stack: Agents, tm
         wait_until("a rendezvous of 3 members", lambda: 3 in world_sizes(), 180, ctl)
     leader_out = (cluster.jobs_dir / f"{job}.out").read_text(errors="replace")
     assert "rendezvous world_size=1" in leader_out  # it started alone, then re-formed as the job grew
+
+
+def test_sighup_reloads_or_refuses_and_sigterm_exits_cleanly(stack: Agents, tmp_path: Path) -> None:
+    cfg = controller_config(tmp_path, stack)
+    with running_controller(stack.cluster, cfg) as ctl:
+        wait_until("the controller to start", lambda: "started" in ctl.log_text(), 30, ctl)
+        good = cfg.read_text()
+        cfg.write_text(good.replace("interval_s = 2.0", "interval_s = -5"))
+        ctl.proc.send_signal(signal.SIGHUP)
+        wait_until("the bad config to be refused", lambda: "reload refused" in ctl.log_text(), 30, ctl)
+        assert ctl.proc.poll() is None  # still running on the old config
+        cfg.write_text(good)
+        ctl.proc.send_signal(signal.SIGHUP)
+        wait_until("the config to be reloaded", lambda: "reloaded config" in ctl.log_text(), 30, ctl)
+        ctl.proc.send_signal(signal.SIGTERM)
+        assert ctl.proc.wait(timeout=30) == 0
+    assert "controller stopped" in ctl.log_text()
