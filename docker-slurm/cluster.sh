@@ -235,6 +235,7 @@ EOF
   cat > "$etc/slurm-elastic.env" <<EOF
 SLURM_ELASTIC_GPU_MAP_DIR=$ROOT/gpu-map
 SLURM_ELASTIC_VGPU_DIR=$ROOT/vgpu
+SLURM_ELASTIC_MPS_CONTROL=$REPO/tests/fakes/nvidia-cuda-mps-control
 EOF
   cat > "$ROOT/env.sh" <<EOF
 export SLURM_CONF=$ROOT/etc/slurm.conf

@@ -11,6 +11,7 @@ never raises for one agent's failure: each result is a report or that agent's er
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
@@ -24,11 +25,15 @@ from slurm_elastic.agent.errors import (
     AgentClientError,
     AgentHttpError,
     AgentPayloadError,
+    AgentRequestError,
     AgentTimeoutError,
     AgentUnreachableError,
     PayloadError,
 )
 from slurm_elastic.agent.payload import NODE_PATH, NodeReport, parse_payload_bytes
+from slurm_elastic.mig import wire
+from slurm_elastic.mig.model import NodeLayout
+from slurm_elastic.mig.wire import ApplyAnswer, NodeMigReport
 
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 
@@ -60,28 +65,38 @@ class AgentClient:
             self._session = aiohttp.ClientSession()
         return self._session
 
-    async def _request(self, base_url: str, path: str) -> bytes:
+    async def _request(self, base_url: str, path: str, *, method: str = "GET", body: bytes = b"",
+                       timeout_s: float | None = None, answer_errors: bool = False) -> bytes:
+        """The signed answer's body. With ``answer_errors``, a signed JSON error answer (4xx/5xx other than 401)
+        is raised as :class:`AgentRequestError` carrying its ``error`` code and message."""
         url = base_url.rstrip("/") + path
         # Sign the path the agent will see, prefix included (an agent behind a path-routing proxy).
-        headers = sign_request(self._key, "GET", URL(url).raw_path_qs, b"", now=self._clock())
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        headers = sign_request(self._key, method, URL(url).raw_path_qs, body, now=self._clock())
+        if body:
+            headers["Content-Type"] = "application/json"
+        limit = timeout_s or self.timeout_s
+        timeout = aiohttp.ClientTimeout(total=limit)
         try:
-            async with self._get_session().get(url, headers=headers, timeout=timeout,
-                                               allow_redirects=False) as resp:
-                body = await resp.content.read(MAX_RESPONSE_BYTES + 1)
-                if len(body) > MAX_RESPONSE_BYTES:
+            async with self._get_session().request(method, url, data=body or None, headers=headers,
+                                                   timeout=timeout, allow_redirects=False) as resp:
+                answer = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+                if len(answer) > MAX_RESPONSE_BYTES:
                     raise AgentPayloadError(base_url, f"answer larger than {MAX_RESPONSE_BYTES} bytes")
                 if resp.status == 401:
-                    raise AgentAuthError(base_url, f"refused our credentials: {body[:200].decode(errors='replace')}")
+                    raise AgentAuthError(base_url, f"refused our credentials: {answer[:200].decode(errors='replace')}")
+                signed = verify_response(self._key, headers[HEADER_NONCE], answer,
+                                         resp.headers.get(HEADER_SIGNATURE))
+                if resp.status != 200 and answer_errors and signed:
+                    raise _request_error(base_url, resp.status, answer)
                 if resp.status != 200:
-                    raise AgentHttpError(base_url, resp.status, body[:200].decode(errors="replace"))
-                if not verify_response(self._key, headers[HEADER_NONCE], body, resp.headers.get(HEADER_SIGNATURE)):
+                    raise AgentHttpError(base_url, resp.status, answer[:200].decode(errors="replace"))
+                if not signed:
                     raise AgentAuthError(base_url, "answer is not signed with the shared key")
-                return body
+                return answer
         except AgentClientError:
             raise
         except TimeoutError:
-            raise AgentTimeoutError(base_url, f"no answer within {self.timeout_s:g} s") from None
+            raise AgentTimeoutError(base_url, f"no answer within {limit:g} s") from None
         except aiohttp.ClientConnectionError as exc:
             raise AgentUnreachableError(base_url, str(exc) or type(exc).__name__) from None
         except aiohttp.ClientError as exc:
@@ -96,6 +111,25 @@ class AgentClient:
         except PayloadError as exc:
             raise AgentPayloadError(base_url, f"invalid payload: {exc}") from None
 
+    async def mig_report(self, base_url: str) -> NodeMigReport:
+        """``GET /v1/mig``: the node's MIG layout and the profiles NVML offers."""
+        body = await self._request(base_url, wire.MIG_PATH, answer_errors=True)
+        try:
+            return wire.report_from_obj(wire.loads(body))
+        except wire.MigWireError as exc:
+            raise AgentPayloadError(base_url, f"invalid MIG report: {exc}") from None
+
+    async def mig_apply(self, base_url: str, layout: NodeLayout, *, timeout_s: float | None = None) -> ApplyAnswer:
+        """``POST /v1/mig/apply``: idempotent, only what is missing is changed. Raises AgentRequestError with
+        ``error`` = ``invalid_layout`` (400), ``apply_failed`` (409/500) or ``mig_apply_disabled`` (403)."""
+        body = await self._request(base_url, wire.APPLY_PATH, method="POST",
+                                   body=wire.dumps(wire.apply_request_obj(layout)), timeout_s=timeout_s,
+                                   answer_errors=True)
+        try:
+            return wire.answer_from_obj(wire.loads(body))
+        except wire.MigWireError as exc:
+            raise AgentPayloadError(base_url, f"invalid MIG apply answer: {exc}") from None
+
     async def _fetch_safe(self, base_url: str) -> NodeReport | AgentClientError:
         try:
             return await self.fetch(base_url)
@@ -109,3 +143,15 @@ class AgentClient:
         names = list(agents)
         results = await asyncio.gather(*(self._fetch_safe(agents[n]) for n in names))
         return dict(zip(names, results, strict=True))
+
+
+def _request_error(url: str, status: int, body: bytes) -> AgentRequestError:
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        obj = None
+    if not isinstance(obj, dict):
+        return AgentRequestError(url, status, "unknown", body[:200].decode(errors="replace"))
+    changes = obj.get("changes")
+    return AgentRequestError(url, status, str(obj.get("error", "unknown")), str(obj.get("message", "")),
+                             tuple(str(c) for c in changes) if isinstance(changes, list) else ())

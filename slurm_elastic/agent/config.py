@@ -38,6 +38,10 @@ class AgentConfig:
     on_nvml_missing: str = "fail"
     metrics_auth: bool = False
     max_clock_skew_s: float = 30.0
+    mig_apply: bool = True
+    mig_minors_file: Path = Path("/proc/driver/nvidia-caps/mig-minors")
+    mps_dir: Path = Path("/run/slurm-elastic/mps")
+    mps_control: str = "nvidia-cuda-mps-control"
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,12 @@ KEYS: dict[str, KeySpec] = {
     "metrics_auth": KeySpec(bool, "require signed requests on /metrics too (default: open)"),
     "max_clock_skew_s": KeySpec(float, "largest accepted difference between a request's timestamp and our clock",
                                 _positive),
+    "mig_apply": KeySpec(bool, "serve POST /v1/mig/apply (signed): let the controller repartition MIG GPUs"),
+    "mig_minors_file": KeySpec(Path, "the driver's MIG capability minors, reported for gres.conf"),
+    "mps_dir": KeySpec(Path, "the prolog's MPS directories (<dir>/<node>/gpu<i>/{pipe,log,jobs}); same as "
+                             "SLURM_ELASTIC_MPS_DIR of plugins/prolog.sh"),
+    "mps_control": KeySpec(str, "nvidia-cuda-mps-control to ask each GPU's MPS daemon for its servers",
+                           lambda v: None if v else "must not be empty"),
 }
 
 

@@ -84,3 +84,13 @@ class AgentHttpError(AgentClientError):
 
 class AgentPayloadError(AgentClientError):
     """The answer is not valid JSON, or does not match the payload schema."""
+
+
+class AgentRequestError(AgentHttpError):
+    """The agent refused or failed a request and said why in a signed JSON answer (``error`` is its code)."""
+
+    def __init__(self, url: str, status: int, error: str, message: str, changes: tuple[str, ...] = ()) -> None:
+        super().__init__(url, status, f"{error}: {message}")
+        self.error = error
+        self.detail = message
+        self.changes = changes

@@ -28,6 +28,7 @@ NODE_PATH = "/v1/node"  # the endpoint serving this schema
 NVML_STATUSES = ("ok", "degraded", "error")
 JOB_SOURCES = ("cgroup", "environ", "prolog")
 OWNER_SOURCES = ("prolog", "process")
+MPS_DAEMON_STATES = ("running", "stopped", "error")
 
 NvmlStatus = Literal["ok", "degraded", "error"]
 T = TypeVar("T")
@@ -107,6 +108,19 @@ class ErrorReport:
 
 
 @dataclass(frozen=True)
+class MpsGpuReport:
+    """MPS on one GPU (additive in v1: absent from older agents' payloads)."""
+
+    gpu: int
+    daemon: str  # "running", "stopped" or "error"
+    pipe_dir: str
+    servers: tuple[int, ...]
+    jobs: tuple[int, ...]
+    active_thread_percentage: int | None
+    error: str | None
+
+
+@dataclass(frozen=True)
 class NodeReport:
     node: str
     agent_version: str
@@ -119,6 +133,7 @@ class NodeReport:
     jobs: tuple[JobReport, ...]
     errors: tuple[ErrorReport, ...]
     schema: str = SCHEMA
+    mps: tuple[MpsGpuReport, ...] = ()  # one entry per GPU that has an MPS directory (plugins/prolog.sh)
 
 
 # ---- serializing -------------------------------------------------------------------------------------------
@@ -301,6 +316,28 @@ def _error(value: object, path: str) -> ErrorReport:
     return ErrorReport(code=o.req_str("code"), message=o.req_str("message"), device=o.str_("device", True))
 
 
+def _int_item(value: object, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PayloadError(path, f"expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _mps(value: object, path: str) -> MpsGpuReport:
+    o = _Obj(value, path)
+    pct = o.int_("active_thread_percentage", True)
+    if pct is not None and pct > 100:
+        raise PayloadError(f"{path}.active_thread_percentage", f"must be within 0..100, got {pct}")
+    return MpsGpuReport(
+        gpu=o.req_int("gpu"),
+        daemon=o.req_str("daemon", MPS_DAEMON_STATES),
+        pipe_dir=o.req_str("pipe_dir"),
+        servers=o.list_("servers", _int_item),
+        jobs=o.list_("jobs", _int_item),
+        active_thread_percentage=pct,
+        error=o.str_("error", True),
+    )
+
+
 def parse_payload(obj: object) -> NodeReport:
     """Validates a decoded JSON payload; raises :class:`PayloadError` on the first violation."""
     o = _Obj(obj, "")
@@ -324,6 +361,7 @@ def parse_payload(obj: object) -> NodeReport:
         gpus=o.list_("gpus", _gpu),
         jobs=o.list_("jobs", _job),
         errors=o.list_("errors", _error),
+        mps=o.list_("mps", _mps) if "mps" in o.d else (),
     )
     _check_node(report)
     return report
@@ -334,6 +372,8 @@ def parse_payload_bytes(data: bytes) -> NodeReport:
         obj = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise PayloadError("", f"not JSON: {exc}") from exc
+    except RecursionError:  # hostile nesting ([[[[...): a typed error, not a crash (tests/unit/test_fuzz_inputs.py)
+        raise PayloadError("", "not JSON: nested too deeply") from None
     return parse_payload(obj)
 
 

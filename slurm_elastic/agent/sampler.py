@@ -26,7 +26,8 @@ from slurm_elastic.agent.errors import (
 )
 from slurm_elastic.agent.metrics import AgentCounters
 from slurm_elastic.agent.model import DeviceReading, SampleError
-from slurm_elastic.agent.payload import ErrorReport, NodeReport, NvmlInfo, to_json_bytes
+from slurm_elastic.agent.mps import MpsReader
+from slurm_elastic.agent.payload import ErrorReport, MpsGpuReport, NodeReport, NvmlInfo, to_json_bytes
 from slurm_elastic.agent.procfs import GpuMapReader, ProcJobResolver
 from slurm_elastic.agent.reader import GpuReader, NullGpuReader
 
@@ -46,6 +47,7 @@ class Sampler:
         nvml_timeout_s: float,
         degraded_ok: bool = False,
         clock: Callable[[], float] = time.time,
+        mps: MpsReader | None = None,
     ) -> None:
         self.node = node
         self.interval_s = interval_s
@@ -56,6 +58,7 @@ class Sampler:
         self._timeout = nvml_timeout_s
         self._degraded_ok = degraded_ok
         self._clock = clock
+        self._mps = mps
         self._caller = BoundedCaller("nvml")
         self._history = JobHistory(window_s)
         self._lock = threading.Lock()
@@ -85,6 +88,10 @@ class Sampler:
         log.warning("NVML unavailable (%s): running degraded, reporting no GPUs", exc)
         self._reader = NullGpuReader()
         self._nvml = NvmlInfo("degraded", None, f"{exc}; reporting no GPUs")
+
+    def latest_nvml_status(self) -> str:
+        """"ok", "degraded" (running without NVML) or "error"."""
+        return self._nvml.status
 
     def close(self) -> None:
         if not self._caller.busy:
@@ -131,6 +138,7 @@ class Sampler:
             interval_s=self.interval_s, window_s=self.window_s, nvml=nvml, gpus=gpus,
             jobs=self._history.jobs(now),
             errors=tuple(ErrorReport(e.code, e.message, e.device) for e in errors),
+            mps=self._read_mps(),
         )
         try:
             body = to_json_bytes(report)
@@ -146,6 +154,12 @@ class Sampler:
                 self.counters.sample_errors_total[e.code] = self.counters.sample_errors_total.get(e.code, 0) + 1
         self._log_errors(errors)
         return report
+
+    def _read_mps(self) -> tuple[MpsGpuReport, ...]:
+        if self._mps is None:
+            return ()
+        return tuple(MpsGpuReport(m.gpu, m.daemon, m.pipe_dir, m.servers, m.jobs, m.active_thread_percentage,
+                                  m.error) for m in self._mps.read())
 
     def _log_errors(self, errors: list[SampleError]) -> None:
         """Logs a problem when it appears and when it clears, not at every sample."""

@@ -1,4 +1,5 @@
-"""The agent's HTTP side (aiohttp): ``GET /v1/node`` (signed requests only), ``GET /metrics``, ``GET /healthz``.
+"""The agent's HTTP side (aiohttp): ``GET /v1/node`` (signed requests only), ``GET /metrics``, ``GET /healthz``,
+and with a :class:`~slurm_elastic.agent.mig_service.MigService`: ``GET /v1/mig`` and ``POST /v1/mig/apply`` (signed).
 
 Sampling runs in a worker thread on a fixed-rate schedule, so a slow or hung NVML never stalls serving: requests
 always get the latest complete sample, whose JSON is encoded once per sample.
@@ -19,8 +20,13 @@ from aiohttp import web
 from slurm_elastic.agent.auth import HEADER_SIGNATURE, SCHEME, RequestVerifier, sign_response
 from slurm_elastic.agent.errors import AuthError
 from slurm_elastic.agent.metrics import CONTENT_TYPE, ReportCollector, make_registry, render
+from slurm_elastic.agent.mig_service import MigService
 from slurm_elastic.agent.payload import NODE_PATH
 from slurm_elastic.agent.sampler import Sampler
+from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.mig import wire
+from slurm_elastic.mig.apply import MigApplyError
+from slurm_elastic.mig.errors import LayoutError
 
 log = logging.getLogger("slurm_elastic.agent")
 
@@ -32,8 +38,9 @@ def _json(status: int, obj: object, headers: dict[str, str] | None = None) -> we
 
 class AgentApp:
     def __init__(self, sampler: Sampler, verifier: RequestVerifier, key: bytes, *, metrics_auth: bool = False,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, mig: MigService | None = None) -> None:
         self.sampler = sampler
+        self.mig = mig
         self.verifier = verifier
         self._key = key
         self.metrics_auth = metrics_auth
@@ -45,6 +52,8 @@ class AgentApp:
         app.router.add_get(NODE_PATH, self.handle_node)
         app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/healthz", self.handle_health)
+        app.router.add_get(wire.MIG_PATH, self.handle_mig)
+        app.router.add_post(wire.APPLY_PATH, self.handle_mig_apply)
         return app
 
     async def _authenticate(self, request: web.Request) -> str | web.Response:
@@ -65,6 +74,52 @@ class AgentApp:
             return _json(503, {"error": "no_sample_yet"})
         return web.Response(body=body, content_type="application/json",
                             headers={HEADER_SIGNATURE: sign_response(self._key, nonce, body)})
+
+    def _signed(self, status: int, obj: object, nonce: str) -> web.Response:
+        body = wire.dumps(obj)
+        return web.Response(status=status, body=body, content_type="application/json",
+                            headers={HEADER_SIGNATURE: sign_response(self._key, nonce, body)})
+
+    async def handle_mig(self, request: web.Request) -> web.Response:
+        nonce = await self._authenticate(request)
+        if isinstance(nonce, web.Response):
+            return nonce
+        if self.mig is None:
+            return self._signed(404, {"error": "mig_unavailable", "message": "this agent serves no MIG endpoints"},
+                                nonce)
+        try:
+            report = await asyncio.to_thread(self.mig.report)
+        except SlurmElasticError as exc:
+            return self._signed(500, {"error": "mig_read_failed", "message": str(exc)}, nonce)
+        return self._signed(200, wire.report_to_obj(report), nonce)
+
+    async def handle_mig_apply(self, request: web.Request) -> web.Response:
+        """Apply a layout: only what is missing is done, so a repeated request changes nothing (idempotent)."""
+        nonce = await self._authenticate(request)
+        if isinstance(nonce, web.Response):
+            return nonce
+        if self.mig is None or not self.mig.allow_apply:
+            return self._signed(403, {"error": "mig_apply_disabled", "message": "mig_apply is off on this agent"},
+                                nonce)
+        try:
+            layout = wire.apply_request_from_obj(wire.loads(await request.read()))
+        except wire.MigWireError as exc:
+            return self._signed(400, {"error": "bad_request", "message": str(exc)}, nonce)
+        log.info("MIG apply requested from %s: %s", request.remote, wire.node_layout_to_obj(layout))
+        try:
+            answer = await asyncio.to_thread(self.mig.apply, layout)
+        except LayoutError as exc:
+            return self._signed(400, {"error": "invalid_layout", "message": str(exc),
+                                      "problems": [{"code": p.code.value, "message": p.message} for p in exc.problems]},
+                                nonce)
+        except MigApplyError as exc:
+            log.error("MIG apply failed: %s", exc)
+            return self._signed(409, {"error": "apply_failed", "message": str(exc), "changes": list(exc.changes)},
+                                nonce)
+        except SlurmElasticError as exc:
+            log.error("MIG apply failed: %s", exc)
+            return self._signed(500, {"error": "apply_failed", "message": str(exc), "changes": []}, nonce)
+        return self._signed(200, wire.answer_to_obj(answer), nonce)
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         if self.metrics_auth:

@@ -33,6 +33,14 @@ def _register() -> None:
     from slurm_elastic.cli.decisions_cmd import decisions_cmd, jobs_cmd  # noqa: I001
     main.add_command(decisions_cmd)
     main.add_command(jobs_cmd)
+    from slurm_elastic.cli.decisions_cmd import explain_cmd; main.add_command(explain_cmd)  # noqa: E702, I001
+    from slurm_elastic.cli.status_cmd import agents_cmd, status_cmd  # noqa: I001
+    main.add_command(status_cmd)
+    main.add_command(agents_cmd)
+    from slurm_elastic.cli.policy_cmd import pause_cmd, policy_cmd, resume_cmd  # noqa: I001
+    main.add_command(policy_cmd)
+    main.add_command(pause_cmd)
+    main.add_command(resume_cmd)
 
 
 _register()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import socket
 import sys
 import time
@@ -16,12 +17,15 @@ import click
 from slurm_elastic.agent.auth import RequestVerifier, generate_key_file, load_key
 from slurm_elastic.agent.config import AgentConfig, describe, load_config
 from slurm_elastic.agent.errors import NvmlUnavailableError
+from slurm_elastic.agent.mig_service import MigService, NvmlDevices, nvml_mig_service
+from slurm_elastic.agent.mps import MpsReader
 from slurm_elastic.agent.payload import NodeReport, to_dict
 from slurm_elastic.agent.procfs import GpuMapReader, ProcJobResolver
 from slurm_elastic.agent.reader import NvmlGpuReader
 from slurm_elastic.agent.sampler import Sampler
 from slurm_elastic.agent.server import AgentApp, serve
 from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.mig.catalog import load_catalog
 
 
 def _fail(message: str) -> None:
@@ -30,6 +34,7 @@ def _fail(message: str) -> None:
 
 
 def build_sampler(config: AgentConfig) -> Sampler:
+    mps = MpsReader(config.mps_dir, config.node, config.mps_control)
     return Sampler(
         node=config.node,
         reader=NvmlGpuReader(),
@@ -39,7 +44,21 @@ def build_sampler(config: AgentConfig) -> Sampler:
         window_s=config.window_s,
         nvml_timeout_s=config.nvml_timeout_s,
         degraded_ok=config.on_nvml_missing == "degraded",
+        mps=mps,
     )
+
+
+def _mig_service(config: AgentConfig, sampler: Sampler) -> tuple[MigService | None, NvmlDevices | None]:
+    """The MIG endpoints' service, unless the agent runs without NVML (degraded)."""
+    if sampler.latest_nvml_status() == "degraded":
+        return None, None
+    try:
+        catalog = load_catalog(os.environ.get("SLURM_ELASTIC_MIG_CATALOG") or None)
+    except SlurmElasticError as exc:
+        _fail(f"MIG catalog: {exc}")
+        raise
+    return nvml_mig_service(config.node, catalog, mig_minors_file=config.mig_minors_file,
+                            allow_apply=config.mig_apply)
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
@@ -85,6 +104,9 @@ def format_report(r: NodeReport) -> str:
               help="Without NVML: exit (fail) or report no GPUs (degraded).")
 @click.option("--metrics-auth/--no-metrics-auth", default=None, help="Require signed requests on /metrics.")
 @click.option("--max-clock-skew", "max_clock_skew_s", type=float, help="Accepted request timestamp skew, seconds.")
+@click.option("--mig-apply/--no-mig-apply", default=None, help="Serve POST /v1/mig/apply (signed).")
+@click.option("--mps-dir", type=click.Path(path_type=Path), help="The prolog's MPS directory (SLURM_ELASTIC_MPS_DIR).")
+@click.option("--mps-control", help="nvidia-cuda-mps-control to query MPS daemons with.")
 @click.option("--once", is_flag=True, help="Take one sample, print it and exit (no server, no key needed).")
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the JSON payload.")
 @click.option("--generate-key", type=click.Path(path_type=Path, dir_okay=False),
@@ -121,10 +143,15 @@ def agent_cmd(config_path: Path | None, once: bool, as_json: bool, generate_key:
             report = sampler.sample_once()
             click.echo(json.dumps(to_dict(report), indent=2) if as_json else format_report(report))
             return
-        app = AgentApp(sampler, RequestVerifier(key, config.max_clock_skew_s), key, metrics_auth=config.metrics_auth)
+        mig, mig_devices = _mig_service(config, sampler)
+        app = AgentApp(sampler, RequestVerifier(key, config.max_clock_skew_s), key, metrics_auth=config.metrics_auth,
+                       mig=mig)
         try:
             asyncio.run(serve(app, config.listen, config.port))
         except OSError as exc:
             _fail(f"cannot listen on {config.listen}:{config.port}: {exc.strerror or exc}")
+        finally:
+            if mig_devices is not None:
+                mig_devices.close()
     finally:
         sampler.close()

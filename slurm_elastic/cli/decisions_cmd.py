@@ -1,23 +1,21 @@
-"""``slurm-elastic decisions list`` and ``slurm-elastic jobs``: what the controller decided, and why.
+"""``slurm-elastic jobs``, ``explain JOBID`` and ``decisions list``: what the controller decided, and why.
 
-Both read the state DB (``--url``, else ``$SLURM_ELASTIC_DB_URL``, else the default SQLite file). The DB file is
-readable by root/SlurmUser only; ordinary users' access goes through the controller (issue "Operating it").
+They ask the controller's API socket (ordinary users see only their own jobs), or with ``--url`` read the state
+DB directly (root/SlurmUser). See docs/operating.md.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import click
 
+from slurm_elastic.cli.api_backend import backend_options, call
 from slurm_elastic.cli.output import age, emit, output_options
-from slurm_elastic.errors import SlurmElasticError
-from slurm_elastic.store import DEFAULT_DB_URL, SqlStore
-from slurm_elastic.store.records import DecisionFilter
 
-_url = click.option("--url", envvar="SLURM_ELASTIC_DB_URL", default=DEFAULT_DB_URL, show_default=True,
-                    help="SQLAlchemy URL of the state DB (env SLURM_ELASTIC_DB_URL).")
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 
 
@@ -36,8 +34,16 @@ def parse_since(text: str | None, now: datetime) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
-def _open(url: str) -> SqlStore:
-    return SqlStore.open(url, create=False)
+def _time(iso: str) -> str:
+    return datetime.fromisoformat(iso).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def _nodes(d: dict[str, Any]) -> str:
+    return f"{d['current_nodes']}->{d['target_nodes']}"
+
+
+def _inputs(d: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(d.get("inputs", {}).items()))
 
 
 @click.group("decisions")
@@ -46,64 +52,74 @@ def decisions_cmd() -> None:
 
 
 @decisions_cmd.command("list")
-@_url
+@backend_options
 @click.option("-j", "--job", type=int, help="only this job (raw job id of the elastic unit)")
 @click.option("--since", help="only newer than this: 30m, 2h, 1d, or an ISO time")
 @click.option("--action", type=click.Choice(["grow", "shrink", "hold"]))
 @click.option("--reason", help="only this reason code, e.g. UNDERUTILIZED")
 @click.option("--limit", type=click.IntRange(1, 100000), default=50, show_default=True)
 @output_options
-def list_cmd(*, url: str, job: int | None, since: str | None, action: str | None, reason: str | None, limit: int,
-             parsable: bool, as_json: bool, noheader: bool) -> None:
-    """Newest first."""
-    now = datetime.now(tz=UTC)
-    flt = DecisionFilter(job_id=job, since=parse_since(since, now), action=action,
-                         reason=reason.upper() if reason else None, limit=limit)
-    try:
-        store = _open(url)
-        try:
-            rows = store.decisions.list_decisions(flt)
-        finally:
-            store.close()
-    except SlurmElasticError as e:
-        raise click.ClickException(str(e)) from e
-    rows = sorted(rows, key=lambda d: d.id, reverse=True)
+def list_cmd(*, url: str | None, socket_: str | None, job: int | None, since: str | None, action: str | None,
+             reason: str | None, limit: int, parsable: bool, as_json: bool, noheader: bool) -> None:
+    """Newest first. Ordinary users see decisions about their own jobs only."""
+    start = parse_since(since, datetime.now(tz=UTC))
+    args = {"job": job, "since": start.isoformat() if start else None, "action": action,
+            "reason": reason.upper() if reason else None, "limit": limit}
+    rows = sorted(call(url, socket_, "decisions", args)["decisions"], key=lambda d: d["id"], reverse=True)
     emit(["time", "job", "action", "nodes", "reason", "message"],
-         [(d.time.strftime("%Y-%m-%dT%H:%M:%S"), d.job_id, d.action + (" (dry-run)" if d.dry_run else ""),
-           f"{d.current_nodes}->{d.target_nodes}", d.reason, d.message) for d in rows],
-         parsable=parsable, as_json=as_json, noheader=noheader,
-         json_rows=[{"id": d.id, "time": d.time.isoformat(), "cycle": d.cycle_id, "job": d.job_id,
-                     "action": d.action, "reason": d.reason, "message": d.message, "inputs": d.inputs,
-                     "current_nodes": d.current_nodes, "target_nodes": d.target_nodes, "signal": d.signal,
-                     "profile": d.profile, "paused": d.paused, "dry_run": d.dry_run} for d in rows])
+         [(_time(d["time"]), d["job"], d["action"] + (" (dry-run)" if d["dry_run"] else ""), _nodes(d),
+           d["reason"], d["message"]) for d in rows],
+         parsable=parsable, as_json=as_json, noheader=noheader, json_rows=rows)
 
 
 @click.command("jobs")
-@_url
+@backend_options
 @click.option("-a", "--all", "show_all", is_flag=True, help="include ended jobs")
 @output_options
-def jobs_cmd(*, url: str, show_all: bool, parsable: bool, as_json: bool, noheader: bool) -> None:
-    """Elastic jobs: min/current/max nodes, utilization, state, and the last decision with its age."""
-    now = datetime.now(tz=UTC)
-    try:
-        store = _open(url)
-        try:
-            jobs = store.jobs.list_jobs(active_only=not show_all)
-            last = {job_id: ds[0] for job_id, ds in
-                    store.decisions.last_decisions_per_job(1, [j.job_id for j in jobs]).items() if ds}
-            util = {}
-            for j in jobs:
-                s = store.samples.samples(j.job_id, since=now - timedelta(minutes=10))
-                util[j.job_id] = f"{sum(x.util_mean for x in s) / len(s):.0f}%" if s else ""
-        finally:
-            store.close()
-    except SlurmElasticError as e:
-        raise click.ClickException(str(e)) from e
-    rows = []
-    for j in sorted(jobs, key=lambda r: r.job_id):
-        d = last.get(j.job_id)
-        rows.append((j.job_id, j.user, j.account or "", j.partition, j.state, j.min_nodes, j.current_nodes,
-                     j.max_nodes, util[j.job_id], f"{d.action}:{d.reason}" if d else "",
-                     age((now - d.time).total_seconds()) if d else "", j.spec_error or ""))
+def jobs_cmd(*, url: str | None, socket_: str | None, show_all: bool, parsable: bool, as_json: bool,
+             noheader: bool) -> None:
+    """Elastic jobs: min/current/max nodes, utilization, state, and the last decision with its age.
+    Ordinary users see their own jobs only."""
+    jobs = call(url, socket_, "jobs", {"all": show_all})["jobs"]
+    rows = [(j["job"], j["user"], j["account"] or "", j["partition"], j["state"] + (" (paused)" if j["paused"]
+                                                                                       else ""),
+             j["min_nodes"], j["current_nodes"], j["max_nodes"],
+             "" if j["util_10m"] is None else f"{j['util_10m']:.0f}%",
+             f"{j['last_action']}:{j['last_reason']}" if j["last_action"] else "",
+             age(j["last_age_s"]) if j["last_age_s"] is not None else "", j["note"] or "") for j in jobs]
     emit(["jobid", "user", "account", "partition", "state", "min", "cur", "max", "util(10m)", "last", "age",
-          "note"], rows, parsable=parsable, as_json=as_json, noheader=noheader)
+          "note"], rows, parsable=parsable, as_json=as_json, noheader=noheader, json_rows=jobs)
+
+
+@click.command("explain")
+@backend_options
+@click.argument("job_id", type=int)
+@click.option("--last", type=click.IntRange(1, 1000), default=10, show_default=True, help="decisions to show")
+@output_options
+def explain_cmd(*, url: str | None, socket_: str | None, job_id: int, last: int, parsable: bool, as_json: bool,
+                noheader: bool) -> None:
+    """Why JOB_ID is at its size: its directives, the effective policy values with where each came from
+    (default, global, partition, account, qos, profile or directive), and its last decisions with their inputs."""
+    r = call(url, socket_, "explain", {"job": job_id, "last": last})
+    if as_json:
+        click.echo(json.dumps(r, indent=2, default=str))
+        return
+    n = r["nodes"]
+    head = [("job", r["job"]), ("user", r["user"]), ("account", r["account"] or ""),
+            ("partition", r["partition"]), ("qos", r["qos"] or ""), ("state", r["state"]),
+            ("nodes", f"min {n['min']} current {n['current']} max {n['max']}"),
+            ("directives", r["directives"] or "(none)"), ("directives_from", r["directives_source"]),
+            ("policy", r["policy_source"])]
+    if r["directives_error"]:
+        head.append(("directives_error", r["directives_error"]))
+    if r["paused_by"]:
+        p = r["paused_by"]
+        head.append(("paused", f"{p['scope']} {p['target']} by {p['who']} {p['reason']}".strip()))
+    emit(["field", "value"], head, parsable=parsable, as_json=False, noheader=noheader)
+    click.echo()
+    emit(["setting", "value", "source"], [(s["key"], s["value"], s["source"]) for s in r["settings"]],
+         parsable=parsable, as_json=False, noheader=noheader)
+    click.echo()
+    emit(["time", "action", "nodes", "reason", "message", "inputs"],
+         [(_time(d["time"]), d["action"], _nodes(d), d["reason"], d["message"], _inputs(d))
+          for d in r["decisions"]], parsable=parsable, as_json=False, noheader=noheader)

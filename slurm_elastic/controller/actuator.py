@@ -128,6 +128,12 @@ class Actuator:
         """Carry out a shrink whose grace period is over. None while the grace period still runs."""
         token, now = ctx.token, ctx.now
         p = action.params
+        if action.state == ActionState.INTENT and action.attempts == 0 and p.get("signal") \
+                and float(p.get("grace_s") or 0) > 0:
+            # Never in progress: the controller died between the intent and the grace signal, so the job was
+            # never warned. Take no node unwarned; a later cycle decides (and signals) anew (docs/reliability.md).
+            self.store.journal.abort(action.id, "the grace signal was never sent (crash after the intent)")
+            return "aborted: grace signal never sent"
         if now < datetime.fromisoformat(str(p["deadline"])):
             return None
         if action.state == ActionState.INTENT:  # a transient failure put it back: another attempt

@@ -9,6 +9,7 @@ is ever evaluated as code. Example::
     dry_run = false            # decide and record, never call Slurm to act
     max_snapshot_age_s = 60    # never act on an older Slurm snapshot
     db_url = "sqlite:////var/lib/slurm-elastic/state.db"
+    table_prefix = ""          # several stores in one shared database (tests, staging next to production)
     policy_file = "/etc/slurm-elastic/policy.toml"   # used until a version is stored with `policy set`
     holder = ""                # lease holder name; default: hostname:pid
     lease_ttl_s = 90
@@ -24,6 +25,16 @@ is ever evaluated as code. Example::
 
     [extension]
     env = { PATH = "/usr/local/bin:/usr/bin:/bin" }   # environment of extension jobs (plus the role variables)
+
+    [api]                      # the local API the CLI talks to (see docs/operating.md)
+    socket = "/run/slurm-elastic/controller.sock"   # "" disables it
+    slurm_user = "slurm"       # may change policy and pauses, like root
+    operators_group = ""       # members may change policy and pauses too
+    users_see_all = false      # true: every user may list and explain every job
+
+    [metrics]                  # Prometheus /metrics of the controller
+    port = 9818                # 0 disables
+    address = "0.0.0.0"
 
     [retention]                # days to keep; 0 keeps forever (open journal actions are always kept)
     samples_days = 7
@@ -44,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.store.models import PREFIX_RE
 from slurm_elastic.store.records import Retention
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-elastic/controller.toml")
@@ -64,11 +76,26 @@ class AgentsConfig:
 
 
 @dataclass(frozen=True)
+class ApiConfig:
+    socket: Path | None = Path("/run/slurm-elastic/controller.sock")
+    slurm_user: str = "slurm"
+    operators_group: str = ""
+    users_see_all: bool = False
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    port: int = 9818
+    address: str = "0.0.0.0"  # noqa: S104 - scraped by Prometheus from another host
+
+
+@dataclass(frozen=True)
 class ControllerConfig:
     interval_s: float = 30.0
     dry_run: bool = False
     max_snapshot_age_s: float = 60.0
     db_url: str = "sqlite:////var/lib/slurm-elastic/state.db"
+    table_prefix: str = ""
     policy_file: Path | None = None
     holder: str = ""
     lease_ttl_s: float = 90.0
@@ -77,6 +104,8 @@ class ControllerConfig:
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     extension_env: Mapping[str, str] = field(default_factory=lambda: {"PATH": "/usr/local/bin:/usr/bin:/bin"})
     retention: Retention = field(default_factory=Retention)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = "<defaults>"
 
     @property
@@ -89,6 +118,7 @@ _CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] |
     "dry_run": (bool, None),
     "max_snapshot_age_s": ((int, float), (1, 86400)),
     "db_url": (str, None),
+    "table_prefix": (str, None),
     "policy_file": (str, None),
     "holder": (str, None),
     "lease_ttl_s": ((int, float), (2, 86400)),
@@ -97,6 +127,16 @@ _CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] |
 }
 _RETENTION_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
     f"{k}_days": (int, (0, 36500)) for k in ("samples", "decisions", "actions", "jobs", "cycles")
+}
+_API_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
+    "socket": (str, None),
+    "slurm_user": (str, None),
+    "operators_group": (str, None),
+    "users_see_all": (bool, None),
+}
+_METRICS_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
+    "port": (int, (0, 65535)),
+    "address": (str, None),
 }
 _AGENT_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
     "key_file": (str, None),
@@ -136,7 +176,7 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
     version = data.pop("version", None)
     if version != CONFIG_VERSION:
         problems.append(f"version: must be {CONFIG_VERSION} (got {version!r})")
-    sections = {"controller", "agents", "extension", "retention"}
+    sections = {"controller", "agents", "extension", "retention", "api", "metrics"}
     for key in data:
         if key not in sections:
             problems.append(f"{key}: unknown section (known: {', '.join(sorted(sections))})")
@@ -153,6 +193,12 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
     except (KeyError, IndexError, ValueError) as e:
         problems.append(f"agents.url_template: only {{node}} and {{address}} may be used ({e})")
     keep = _check(data.get("retention", {}), _RETENTION_KEYS, "retention", problems)
+    if "table_prefix" in ctl and not PREFIX_RE.match(ctl["table_prefix"]):
+        problems.append("controller.table_prefix: up to 16 lower-case letters, digits or '_', starting with a letter")
+    api = _check(data.get("api", {}), _API_KEYS, "api", problems)
+    metrics = _check(data.get("metrics", {}), _METRICS_KEYS, "metrics", problems)
+    if "socket" in api and api["socket"] and not api["socket"].startswith("/"):
+        problems.append("api.socket: must be an absolute path (or \"\" to disable the API)")
     defaults = Retention()
 
     def days(name: str) -> int | None:
@@ -178,6 +224,7 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
         dry_run=bool(ctl.get("dry_run", False)),
         max_snapshot_age_s=float(ctl.get("max_snapshot_age_s", 60.0)),
         db_url=str(ctl.get("db_url", ControllerConfig.db_url)),
+        table_prefix=str(ctl.get("table_prefix", "")),
         policy_file=Path(ctl["policy_file"]) if ctl.get("policy_file") else None,
         holder=str(ctl.get("holder", "")),
         lease_ttl_s=float(ctl.get("lease_ttl_s", 90.0)),
@@ -192,6 +239,14 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
         extension_env=ext_env or {"PATH": "/usr/local/bin:/usr/bin:/bin"},
         retention=Retention(samples_s=days("samples"), decisions_s=days("decisions"), actions_s=days("actions"),
                             jobs_s=days("jobs"), cycles_s=days("cycles")),
+        api=ApiConfig(
+            socket=(Path(api["socket"]) if api["socket"] else None) if "socket" in api else ApiConfig.socket,
+            slurm_user=str(api.get("slurm_user", "slurm")),
+            operators_group=str(api.get("operators_group", "")),
+            users_see_all=bool(api.get("users_see_all", False)),
+        ),
+        metrics=MetricsConfig(port=int(metrics.get("port", MetricsConfig.port)),
+                              address=str(metrics.get("address", MetricsConfig.address))),
         source=source,
     )
 

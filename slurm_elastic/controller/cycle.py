@@ -22,8 +22,11 @@ from slurm_elastic.controller.actuator import Actuator, CycleContext
 from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.extension import orphaned_extensions, parse_tag
+from slurm_elastic.controller.metrics import ControllerMetrics
+from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.controller.units import SpecCache, build_units
 from slurm_elastic.controller.utilization import utilization_from_samples, window_query_start
+from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import (
     Action,
     Decision,
@@ -34,6 +37,7 @@ from slurm_elastic.policy import (
     PolicyInput,
     ResizeRecord,
     decide,
+    parse_config,
     resolve_unit,
 )
 from slurm_elastic.slurm.adapter import SlurmCli
@@ -77,7 +81,7 @@ class CycleSummary:
 class Controller:
     def __init__(self, cfg: ControllerConfig, policy: PolicyConfig, *, slurm: SlurmCli, store: SqlStore,
                  collector: Collector, clock: Callable[[], datetime] = lambda: datetime.now(tz=UTC),
-                 actuator: Actuator | None = None) -> None:
+                 actuator: Actuator | None = None, metrics: ControllerMetrics | None = None) -> None:
         self.cfg = cfg
         self.policy = policy
         self.slurm = slurm
@@ -89,6 +93,8 @@ class Controller:
         self._last_sample: dict[int, datetime] = {}
         self._slurm_down_since: float | None = None
         self._token: FencingToken | None = None
+        self.policy_version: int | None = None  # the stored policy version in force (None: file or defaults)
+        self.metrics = metrics  # per-cycle series; the daemon's observe_cycle() adds timing, lease and totals
 
     # --- lease ------------------------------------------------------------------------------------------
     def _hold_lease(self) -> FencingToken | None:
@@ -102,6 +108,24 @@ class Controller:
             log.info("holding the controller lease (epoch %d)", lease.epoch)
         self._token = lease.token()
         return self._token
+
+    def refresh_policy(self) -> None:
+        """Pick up a policy version stored with ``policy set``/``rollback`` since the last cycle. A version that
+        no longer validates (stored by another release) is logged once and the running policy kept."""
+        try:
+            current = self.store.policies.current_policy()
+        except StoreError as e:
+            log.warning("cannot read the stored policy, keeping the running one: %s", e)
+            return
+        if current is None or current.version == self.policy_version:
+            return
+        self.policy_version = current.version
+        try:
+            self.policy = parse_config(current.toml_text, source=f"policy version {current.version}")
+        except ConfigError as e:
+            log.error("policy version %d refused, keeping the running policy: %s", current.version, e)
+            return
+        log.info("policy version %d by %s in force", current.version, current.author)
 
     # --- Slurm -----------------------------------------------------------------------------------------------
     def _snapshot(self) -> ClusterSnapshot | None:
@@ -124,10 +148,16 @@ class Controller:
 
     # --- the cycle -----------------------------------------------------------------------------------------
     def run_cycle(self) -> CycleSummary:
-        token = self._hold_lease()
-        if token is None:
-            return CycleSummary(cycle_id=None, skipped="not the lease holder")
-        cycle_id = self.store.decisions.begin_cycle(holder=self.cfg.holder_name, dry_run=self.cfg.dry_run)
+        try:
+            token = self._hold_lease()
+            if token is None:
+                return CycleSummary(cycle_id=None, skipped="not the lease holder")
+            self.refresh_policy()
+            cycle_id = self.store.decisions.begin_cycle(holder=self.cfg.holder_name, dry_run=self.cfg.dry_run)
+        except StoreError as e:  # DB locked or full: no lease and no journal, so no action (docs/reliability.md)
+            self._token = None
+            log.error("cycle skipped, the state DB is unavailable: %s", e)
+            return CycleSummary(cycle_id=None, error=str(e))
         summary = CycleSummary(cycle_id=cycle_id)
         try:
             self._cycle(summary, token)
@@ -160,8 +190,11 @@ class Controller:
         open_by_unit = self._finish_pending_shrinks(snap, units, ctx, summary)
         utilization = self._utilization(snap, built.units, now)
         history = self._history(units, now)
-        decisions = decide(PolicyInput(snap, tuple(built.units), utilization, history), self.policy, now)
+        policy = with_paused_jobs(self.policy, paused_units(built.units, self.store.pauses.list_pauses()))
+        decisions = decide(PolicyInput(snap, tuple(built.units), utilization, history), policy, now)
         summary.decisions = decisions
+        if self.metrics is not None:
+            self._cycle_metrics(self.metrics, snap, built.units, utilization, decisions, now=now)
         blocked = self._blocked(decisions, open_by_unit, now)
         new = [self._new_decision(d, blocked.get(d.unit_id)) for d in decisions]
         ids = self.store.decisions.record_decisions(summary.cycle_id or 0, new)
@@ -178,9 +211,24 @@ class Controller:
             except (SlurmError, StoreError) as e:  # one unit's failure never stops the cycle
                 summary.acted[d.unit_id] = f"error: {e}"
                 log.error("acting on job %s failed: %s", d.display_id, e)
+            if d.unit_id in summary.acted and self.metrics is not None:
+                self.metrics.actions.labels(str(d.action), outcome_class(summary.acted[d.unit_id])).inc()
             if d.unit_id in summary.acted:
                 log.info("job %s: %s %d->%d (%s: %s) -> %s", d.display_id, d.action, d.current_nodes,
                          d.target_nodes, d.reason, d.message, summary.acted[d.unit_id])
+
+    def _cycle_metrics(self, m: ControllerMetrics, snap: ClusterSnapshot, units: tuple[ElasticUnit, ...],
+                       utilization: Mapping[int, JobUtilization], decisions: list[Decision], *,
+                       now: datetime) -> None:
+        for d in decisions:
+            m.decisions.labels(str(d.action), str(d.reason)).inc()
+        m.jobs((u.unit_id, u.job.user, u.job.partition, u.current_nodes,
+                utilization[u.unit_id].mean_util if u.unit_id in utilization else None) for u in units)
+        waits: dict[str, list[float]] = {}
+        for j in snap.jobs:
+            if j.is_pending and j.submit_time is not None and parse_tag(j.comment) is None:
+                waits.setdefault(j.partition, []).append(max(0.0, (now - j.submit_time).total_seconds()))
+        m.pending(waits)
 
     def _read_script(self, job_id: int) -> str | None:
         try:
@@ -231,6 +279,8 @@ class Controller:
                                          gpu_count=sum(1 for g in report.gpus if g.kind == "gpu"))
         for node, err in result.errors.items():
             self.store.agents.agent_failed(node, url=agents[node], error=err)
+            if self.metrics is not None:
+                self.metrics.scrape_errors.labels(node).inc()
         out: dict[int, JobUtilization] = {}
         samples: list[NewSample] = []
         merged_by_unit = {}
@@ -380,6 +430,17 @@ class Controller:
             job = snap.job(rec.job_id)
             if job is None or job.state not in ACTIVE:
                 self.store.jobs.update_extension(rec.job_id, state=job.state if job else "ENDED", ended=True)
+            elif job.is_pending and (dead := _unusable_nodes(snap, rec.nodelist)):
+                # Pinned (--nodelist) to a node that died before it started: it would pend forever and hold
+                # the job's growth; cancel it so a later cycle can grow onto a live node (docs/reliability.md).
+                try:
+                    self.slurm.cancel(rec.job_id)
+                except SlurmError as e:
+                    log.warning("cannot cancel extension %d pending on dead node(s): %s", rec.job_id, e)
+                    continue
+                self.store.jobs.update_extension(rec.job_id, state="CANCELLED", ended=True)
+                done.append(f"cancelled extension {rec.job_id} of job {rec.parent_job_id}: pending on "
+                            f"unusable node(s) {dead}")
             elif job.state != rec.state:
                 self.store.jobs.update_extension(rec.job_id, state=job.state, nodelist=",".join(job.nodes))
         for line in done:
@@ -387,6 +448,22 @@ class Controller:
         return done
 
 
+def _unusable_nodes(snap: ClusterSnapshot, nodelist: str | None) -> str:
+    """The nodes of ``nodelist`` that are gone, down, drained or not responding (comma-separated), or ""."""
+    names = [n for n in (nodelist or "").split(",") if n]
+    return ",".join(n for n in names if (node := snap.node(n)) is None or not node.is_available)
+
+
 def _owner(snap: ClusterSnapshot, leader_id: int, fallback: object) -> str | None:
     leader = snap.job(leader_id)
     return leader.user if leader else getattr(fallback, "user", None)
+
+
+def outcome_class(text: str) -> str:
+    """The actuator's outcome text as a metric label: ok, failed or aborted."""
+    low = text.lower()
+    if low.startswith(("error", "grow failed", "shrink failed", "refused")):
+        return "failed"
+    if low.startswith(("aborted", "job gone")):
+        return "aborted"
+    return "ok"

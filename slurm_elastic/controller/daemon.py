@@ -19,11 +19,13 @@ from pathlib import Path
 from types import FrameType
 
 from slurm_elastic.agent.auth import load_key
+from slurm_elastic.api.server import ApiServer
 from slurm_elastic.controller.actuator import Actuator, FaultHook
 from slurm_elastic.controller.collect import CollectResult, collect_sync
 from slurm_elastic.controller.config import ControllerConfig, load_controller_config
 from slurm_elastic.controller.cycle import Controller
-from slurm_elastic.errors import ConfigError
+from slurm_elastic.controller.metrics import ControllerMetrics, observe_cycle
+from slurm_elastic.errors import ConfigError, SlurmElasticError
 from slurm_elastic.policy import PolicyConfig, default_config, parse_config
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.store import SqlStore
@@ -46,12 +48,58 @@ def load_policy(cfg: ControllerConfig, store: SqlStore) -> tuple[PolicyConfig, s
     return default_config(), "packaged defaults"
 
 
+def restrict_sqlite_file(url: str) -> None:
+    """The state DB is for the controller (and root) only: users go through the API, which checks who they are."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        db = make_url(url)
+    except ArgumentError:  # SqlStore.open already accepted it; nothing to restrict
+        return
+    if db.get_backend_name() == "sqlite" and db.database and db.database != ":memory:":
+        try:
+            os.chmod(db.database, 0o600)
+        except OSError as e:
+            log.warning("cannot make %s private (0600): %s", db.database, e.strerror)
+
+
+def start_api(cfg: ControllerConfig) -> ApiServer | None:
+    """The local API (its own store connection: requests never share a session with the cycle)."""
+    from slurm_elastic.api.authz import AccessPolicy
+    from slurm_elastic.api.service import DEFAULT_POLICY_TEXT, Service, ServiceSettings
+
+    if cfg.api.socket is None:
+        return None
+
+    def base_policy() -> tuple[str, str]:
+        if cfg.policy_file is not None:
+            try:
+                return cfg.policy_file.read_text(), str(cfg.policy_file)
+            except OSError as e:
+                raise ConfigError(f"{cfg.policy_file}: cannot read: {e.strerror}") from e
+        return DEFAULT_POLICY_TEXT, "packaged defaults"
+
+    settings = ServiceSettings(
+        access=AccessPolicy(slurm_user=cfg.api.slurm_user, operators_group=cfg.api.operators_group,
+                            users_see_all=cfg.api.users_see_all),
+        agent_stale_s=max(3 * cfg.interval_s, 30.0), base_policy=base_policy, via="socket")
+    try:
+        server = ApiServer(cfg.api.socket, Service(SqlStore.open(cfg.db_url, table_prefix=cfg.table_prefix), settings))
+    except (SlurmElasticError, OSError) as e:  # the control loop goes on; the CLI says the controller is unreachable
+        log.error("API: cannot serve %s: %s; running without the local API", cfg.api.socket, e)
+        return None
+    server.start()
+    return server
+
+
 def build_controller(cfg: ControllerConfig) -> Controller:
     """Everything from config; raises ConfigError (the only start-up failure) on bad config or key file."""
     if cfg.agents.key_file is None:
         raise ConfigError(f"{cfg.source}: agents.key_file is required (the agents refuse unsigned requests)")
     key = load_key(cfg.agents.key_file)
-    store = SqlStore.open(cfg.db_url)
+    store = SqlStore.open(cfg.db_url, table_prefix=cfg.table_prefix)
+    restrict_sqlite_file(cfg.db_url)
     policy, source = load_policy(cfg, store)
     log.info("policy from %s; dry_run=%s; interval %.1fs", source, cfg.dry_run, cfg.interval_s)
 
@@ -60,7 +108,22 @@ def build_controller(cfg: ControllerConfig) -> Controller:
 
     slurm = SlurmCli()
     actuator = Actuator(slurm, store, cfg.extension_env, fault=_fault_hook_from_env())
-    return Controller(cfg, policy, slurm=slurm, store=store, collector=collector, actuator=actuator)
+    return Controller(cfg, policy, slurm=slurm, store=store, collector=collector, actuator=actuator,
+                      metrics=ControllerMetrics())
+
+
+def start_metrics(cfg: ControllerConfig, metrics: ControllerMetrics | None) -> None:
+    from prometheus_client import start_http_server
+
+    if metrics is None or cfg.metrics.port == 0:
+        return
+    try:
+        start_http_server(cfg.metrics.port, addr=cfg.metrics.address, registry=metrics.registry)
+    except OSError as e:  # observability must not stop the control loop: say so loudly and go on
+        log.error("metrics: cannot listen on %s:%d: %s; running without /metrics", cfg.metrics.address,
+                  cfg.metrics.port, e.strerror)
+        return
+    log.info("metrics on http://%s:%d/metrics", cfg.metrics.address, cfg.metrics.port)
 
 
 def _fault_hook_from_env() -> FaultHook:
@@ -91,13 +154,16 @@ def run(config_path: Path, *, once: bool = False, dry_run: bool | None = None) -
         ctl.reconcile()
         summary = ctl.run_cycle()
         return 1 if summary.error else 0
+    api = start_api(cfg)
+    start_metrics(cfg, ctl.metrics)
+    started = datetime.now(tz=UTC)
     ctl.reconcile()
     sched = BlockingScheduler(executors={"default": ThreadPoolExecutor(1)}, timezone="UTC")
     lock = threading.Lock()
 
     def cycle() -> None:
         with lock:
-            ctl.run_cycle()
+            observe_cycle(ctl, ctl.run_cycle, started)
 
     def reconcile() -> None:
         with lock:
@@ -120,6 +186,8 @@ def run(config_path: Path, *, once: bool = False, dry_run: bool | None = None) -
                     new_cfg = load_controller_config(config_path)
                     ctl.cfg = new_cfg if dry_run is None else replace(new_cfg, dry_run=dry_run)
                     ctl.policy, source = load_policy(ctl.cfg, ctl.store)
+                    current = ctl.store.policies.current_policy()
+                    ctl.policy_version = current.version if current else None
                     log.info("reloaded config %s and policy from %s", config_path, source)
                 except ConfigError as e:
                     log.error("reload refused, keeping the running config: %s", e)
@@ -133,6 +201,10 @@ def run(config_path: Path, *, once: bool = False, dry_run: bool | None = None) -
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     log.info("controller %s started", cfg.holder_name)
-    sched.start()
+    try:
+        sched.start()
+    finally:
+        if api is not None:
+            api.stop()
     log.info("controller stopped")
     return 0

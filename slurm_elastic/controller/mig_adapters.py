@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import json
 import os
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from slurm_elastic.agent.client import AgentClient
@@ -32,9 +34,11 @@ from slurm_elastic.mig.workflow import (
     NodeStatus,
     Record,
     RecordState,
+    WorkflowBusyError,
     WorkflowError,
 )
 from slurm_elastic.slurm.adapter import SlurmCli
+from slurm_elastic.slurm.openapi import parse_nodes
 from slurm_elastic.store import ActionKind, ActionRecord, DuplicateIntentError
 from slurm_elastic.store.protocols import Journal
 
@@ -101,9 +105,16 @@ class CliSlurm:
         self.cli = cli or SlurmCli()
 
     def node_status(self, node: str) -> NodeStatus:
-        for n in self.cli.nodes():
+        data = json.loads(self.cli.cmd.run(["sinfo", "--json"]).stdout)
+        started: float | None = None
+        for raw in data.get("nodes", []) if isinstance(data, dict) else []:
+            if isinstance(raw, dict) and raw.get("name") == node:
+                value = raw.get("slurmd_start_time")
+                started = float(value) if isinstance(value, int | float) and value > 0 else None
+        for n in parse_nodes(data)[1]:
             if n.name == node:
-                return NodeStatus(n.name, n.state, n.state_flags, n.reason, ",".join(str(g) for g in n.gres))
+                return NodeStatus(n.name, n.state, n.state_flags, n.reason, ",".join(str(g) for g in n.gres),
+                                  started)
         raise WorkflowError(f"Slurm does not know node {node}")
 
     def jobs_on(self, node: str) -> tuple[JobOnNode, ...]:
@@ -213,6 +224,35 @@ class CommandDaemons:
 
     def restart_slurmctld(self) -> None:
         self._run(self.commands.slurmctld_restart)
+
+
+class FileNodeLock:
+    """One workflow per node on this host: ``flock`` on ``<dir>/<node>.lock``. The kernel drops the lock when the
+    process dies, so a crashed workflow never blocks its resume. (Processes on other hosts are not excluded:
+    run MIG workflows from one host, the controller's.)"""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+
+    @contextlib.contextmanager
+    def hold(self, node: str) -> Iterator[None]:
+        if not node or "/" in node or node.startswith("."):
+            raise WorkflowError(f"bad node name {node!r}")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.directory / f"{node}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise WorkflowError(f"cannot open the lock of {node} in {self.directory}: {exc.strerror}") from exc
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise WorkflowBusyError(
+                    f"another MIG workflow process is working on {node} right now (lock {self.directory})"
+                ) from None
+            yield
+        finally:
+            os.close(fd)
 
 
 class SystemClock:

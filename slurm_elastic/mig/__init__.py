@@ -11,6 +11,12 @@ This package is the pure core. It reads no GPU, file or clock by itself: devices
 - :mod:`~slurm_elastic.mig.nvml_check` - NVML's report against the catalog; NVML wins
 - :mod:`~slurm_elastic.mig.parted` - NVIDIA mig-parted config import/export
 - :mod:`~slurm_elastic.mig.gres` - gres.conf lines and node ``Gres=`` counts
+- :mod:`~slurm_elastic.mig.slurmconf` - one node's GRES rewritten in slurm.conf and gres.conf (text in, text out)
+- :mod:`~slurm_elastic.mig.apply` - apply a node layout through MigDevice objects (only what is missing)
+- :mod:`~slurm_elastic.mig.wire` - the agent's ``/v1/mig`` and ``/v1/mig/apply`` JSON
+- :mod:`~slurm_elastic.mig.workflow` - ``mig apply`` as a journaled step machine, run through ports
+- :mod:`~slurm_elastic.mig.plan` / :mod:`~slurm_elastic.mig.suggest` - ``mig plan`` and ``mig suggest``
+- :mod:`~slurm_elastic.mig.config` - the workflow's TOML settings (paths, commands, agents, timeouts)
 """
 
 from slurm_elastic.mig.catalog import Catalog, load_catalog

@@ -30,6 +30,7 @@ from typing import Protocol
 
 from slurm_elastic.mig.errors import GresRenderError
 from slurm_elastic.mig.model import GpuState, MigInstance
+from slurm_elastic.mig.wire import NodeMigReport
 
 _TYPE_CHARS_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -219,3 +220,73 @@ def slurm_autodetect_type(nvml_gpu_name: str, gpu_instance_slices: int, memory_s
     base = nvml_gpu_name.split("-", 1)[0].strip()
     gb = (2 * memory_size_mb + 1024) // 2048
     return f"{base}_{gpu_instance_slices}g.{gb}gb".replace(" ", "_").lower()
+
+
+@dataclass(frozen=True)
+class NodeGresConfig:
+    """Everything Slurm needs to know about one node's GPUs: its gres.conf lines and its ``Gres=`` value."""
+
+    node: str
+    devices: tuple[GresDevice, ...]
+    gres_lines: tuple[str, ...]
+    node_gres: str
+
+
+def device_files_for(spec: str, mig_minors: Mapping[str, int], gpu_minors: Mapping[int, int]) -> DeviceFiles:
+    """``"nvidia-caps"`` (real MIG nodes, from the driver's mig-minors) or a :class:`TemplateFiles` template."""
+    if spec == "nvidia-caps":
+        return NvidiaCapsFiles(mig_minors, gpu_minors)
+    return TemplateFiles(spec)
+
+
+@dataclass(frozen=True)
+class PlannedFiles:
+    """For plans: the real files where they are known, a placeholder for instances that do not exist yet."""
+
+    real: DeviceFiles
+
+    def files(self, node: str, gpu_index: int, instance: MigInstance | None, ordinal: int) -> tuple[str, ...]:
+        try:
+            return self.real.files(node, gpu_index, instance, ordinal)
+        except GresRenderError:
+            return (f"<device files of {instance} after the apply>",)
+
+
+def render_node_gres_config(
+    node: str,
+    report: NodeMigReport,
+    *,
+    device_files: str,
+    mps_per_gpu: int = 0,
+    autodetect_off: bool = False,
+    whole_gpu_type: str | None = None,
+    planned: bool = False,
+) -> NodeGresConfig:
+    """The node's gres.conf lines and ``Gres=`` for the layout the agent reports now.
+
+    Whole GPUs (MIG off) take the model's Slurm type, else ``whole_gpu_type``. With ``mps_per_gpu``, each whole
+    GPU also gets a ``Name=mps Count=<mps_per_gpu>`` line on the same device file(s), and ``Gres=`` an ``mps``
+    count: Slurm 22.05 does not share MIG instances through MPS, so MIG instances get none. ``planned``: the
+    report describes a layout not applied yet; files that depend on new instance ids become placeholders.
+    """
+    gpu_minors = {g.index: g.minor for g in report.gpus if g.minor is not None}
+    files: DeviceFiles = device_files_for(device_files, dict(report.mig_minors), gpu_minors)
+    if planned:
+        files = PlannedFiles(files)
+    whole_types: dict[int, str] = {}
+    for g in report.gpus:
+        t = (g.model.slurm_type if g.model is not None else None) or whole_gpu_type
+        if t:
+            whole_types[g.index] = t
+    devices = gres_devices(node, [g.state for g in report.gpus], whole_types, files)
+    lines = render_gres_conf(node, devices, autodetect_off).splitlines()
+    whole = [d for d in devices if d.instance is None]
+    mps_total = 0
+    if mps_per_gpu > 0:
+        for d in whole:
+            key = "MultipleFiles" if len(d.files) > 1 else "File"
+            lines.append(f"NodeName={node} Name=mps Count={mps_per_gpu} {key}={','.join(d.files)}")
+            mps_total += mps_per_gpu
+    extra = [f"mps:{mps_total}"] if mps_total else []
+    return NodeGresConfig(node, devices, tuple(lines), render_node_gres(devices, extra))
+

@@ -86,6 +86,8 @@ class SlurmCli:
             return json.loads(out)
         except json.JSONDecodeError as e:
             raise SlurmParseError(f"{argv[0]} returned invalid JSON ({e.msg} at char {e.pos})") from e
+        except RecursionError:  # nested too deeply for the decoder: typed, so the cycle carries on
+            raise SlurmParseError(f"{argv[0]} returned JSON nested too deeply") from None
 
     def jobs(self) -> tuple[Job, ...]:
         return parse_squeue(self._json(["squeue", "--all", "--json"]))[1]

@@ -12,6 +12,7 @@ a Slurm reply at all raises :class:`SlurmParseError` with what was wrong.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -84,6 +85,8 @@ def num(value: Any) -> int | None:
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, float):
+        if not math.isfinite(value):  # NaN/inf: int() would raise (found by tests/unit/test_fuzz_inputs.py)
+            raise SlurmParseError(f"expected a finite number, got {value!r}")
         value = int(value)
     if not isinstance(value, int):
         raise SlurmParseError(f"expected a number, got {value!r}")
@@ -101,7 +104,12 @@ def _str(value: Any) -> str | None:
 
 def _time(value: Any) -> datetime | None:
     n = num(value)
-    return datetime.fromtimestamp(n, tz=UTC) if n and n > 0 else None
+    if not n or n <= 0:
+        return None
+    try:
+        return datetime.fromtimestamp(n, tz=UTC)
+    except (ValueError, OverflowError, OSError):  # beyond year 9999: unknown, not a crash (test_fuzz_inputs)
+        return None
 
 
 def _state(value: Any) -> tuple[str, tuple[str, ...]]:
@@ -205,16 +213,23 @@ def _node_v38(n: Mapping[str, Any]) -> Node:
     )
 
 
+def _sub(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """A nested object, or an empty one when it is missing or of another type (hostile replies stay typed)."""
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
 def _nodes_from_sinfo_entries(entries: list[Any]) -> tuple[Node, ...]:
     """23.02+ ``sinfo --json``: entries per (partition, node group); merged into one Node per name."""
     merged: dict[str, Node] = {}
     for raw in entries:
         e = _obj(raw, "sinfo entry")
-        names = (e.get("nodes") or {}).get("nodes") or []
-        part = (e.get("partition") or {}).get("name")
-        state, flags = _state((e.get("node") or {}).get("state"))
-        cpus = e.get("cpus") or {}
-        gres = e.get("gres") or {}
+        names = _sub(e, "nodes").get("nodes") or []
+        names = names if isinstance(names, list) else []
+        part = _sub(e, "partition").get("name")
+        state, flags = _state(_sub(e, "node").get("state"))
+        cpus = _sub(e, "cpus")
+        gres = _sub(e, "gres")
         for name in names:
             for host in hostlist.expand(str(name)):
                 prev = merged.get(host)

@@ -30,18 +30,23 @@ min_remaining_for_grow_s = 0
 INTERVAL_S = 2.0
 
 
-def controller_config(tmp: Path, agents: Agents, *, dry_run: bool = False) -> Path:
+def controller_config(tmp: Path, agents: Agents, *, dry_run: bool = False, api_socket: str = "",
+                      metrics_port: int = 0, db_url: str | None = None, holder: str = "",
+                      table_prefix: str = "", name: str = "controller.toml") -> Path:
+    """The API socket and the metrics port are off unless asked for: tests must not share them."""
     policy = tmp / "policy.toml"
     policy.write_text(TEST_POLICY)
     urls = "\n".join(f'{n} = "{agents.url(n)}"' for n in agents.cluster.nodes)
-    cfg = tmp / "controller.toml"
+    cfg = tmp / name
     cfg.write_text(f"""
 version = 1
 [controller]
 interval_s = {INTERVAL_S}
 dry_run = {"true" if dry_run else "false"}
 max_snapshot_age_s = 30
-db_url = "sqlite:///{tmp / 'state.db'}"
+db_url = "{db_url or f"sqlite:///{tmp / 'state.db'}"}"
+holder = "{holder}"
+table_prefix = "{table_prefix}"
 policy_file = "{policy}"
 lease_ttl_s = 10
 reconcile_interval_s = 5
@@ -53,6 +58,11 @@ timeout_s = 3
 [extension.env]
 PATH = "/usr/local/bin:/usr/bin:/bin"
 SLURM_CONF = "{agents.cluster.env['SLURM_CONF']}"
+[api]
+socket = "{api_socket}"
+[metrics]
+port = {metrics_port}
+address = "127.0.0.1"
 """)
     return cfg
 

@@ -49,5 +49,9 @@ def test_live_sacct_exports_load_and_agree(clean_cluster: TestCluster, tmp_path:
     assert set(from_parsable) <= set(from_json)  # -P was exported first: whatever it saw finished, JSON saw
     for key, job in from_parsable.items():
         other = from_json[key]
+        if other.num_nodes is None:
+            # Cancelled at the instant it started (Start == End, empty AllocTRES): -P still prints NNodes=1 while
+            # --json has no allocation at all. Such a job never held anything; its size cannot be compared.
+            continue
         assert (other.num_nodes, other.time_limit) == (job.num_nodes, job.time_limit), key
         assert (other.duration or 0.0) >= (job.duration or 0.0), key

@@ -195,6 +195,11 @@ def test_init_fault_from_environment(vgpu: StateFile, monkeypatch: pytest.Monkey
 def test_calls_before_init_are_uninitialized(tmp_path: os.PathLike[str]) -> None:
     vgpu_support.load_vgpu_library()
     lib = ctypes.CDLL(str(vgpu_support.vgpu_library()))
+    # The library is process-wide: an earlier test in this process may have left NVML initialised (an init
+    # whose shutdown runs only when its owner is garbage-collected). Undo those first; bounded.
+    for _ in range(1000):
+        if lib.nvmlShutdown() != pynvml.NVML_SUCCESS:
+            break
     count = ctypes.c_uint()
     assert lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) == pynvml.NVML_ERROR_UNINITIALIZED
 

@@ -33,6 +33,8 @@ def csv_rows(source: str, lines: Iterable[str], required: Sequence[str]) -> Iter
         raise TraceFormatError(source, 1, "empty file (expected a header line)") from None
     except csv.Error as exc:
         raise TraceFormatError(source, reader.line_num, f"bad CSV: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(source, reader.line_num + 1, f"not UTF-8 text: {exc.reason}") from None
     header = [h.strip() for h in header]
     missing = [c for c in required if c not in header]
     if missing:
@@ -44,6 +46,8 @@ def csv_rows(source: str, lines: Iterable[str], required: Sequence[str]) -> Iter
             return
         except csv.Error as exc:
             raise TraceFormatError(source, reader.line_num, f"bad CSV: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(source, reader.line_num + 1, f"not UTF-8 text: {exc.reason}") from None
         if not values or all(not v.strip() for v in values):
             continue
         if len(values) != len(header):

@@ -1,0 +1,46 @@
+"""``slurm-elastic status`` and ``slurm-elastic agents``: is the controller working, and can it see the nodes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from slurm_elastic.cli.api_backend import backend_options, call
+from slurm_elastic.cli.output import age, emit, output_options
+
+
+@click.command("status")
+@backend_options
+@output_options
+def status_cmd(*, url: str | None, socket_: str | None, parsable: bool, as_json: bool, noheader: bool) -> None:
+    """Controller up/down and lease holder, last cycle, managed jobs, GPUs moved today, agents."""
+    s = call(url, socket_, "status")
+    if as_json:
+        click.echo(json.dumps(s, indent=2, default=str))
+        return
+    dur = s["last_cycle_duration_s"]
+    rows: list[tuple[str, Any]] = [
+        ("controller", s["controller"]), ("lease_holder", s["lease_holder"] or "(none)"),
+        ("last_cycle", s["last_cycle"] or "(never)"), ("last_cycle_duration", "" if dur is None else f"{dur:.2f}s"),
+        ("last_cycle_error", s["last_cycle_error"] or ""), ("managed_jobs", s["managed_jobs"]),
+        ("gpus_granted_today", s["gpus_granted_today"]), ("gpus_reclaimed_today", s["gpus_reclaimed_today"]),
+        ("agents_reachable", f"{s['agents_reachable']}/{s['agents']}"),
+        ("agents_stale", ",".join(s["agents_stale"])),
+        ("pauses", ",".join(f"{p['scope']}:{p['target']}".rstrip(":") for p in s["pauses"])),
+    ]
+    emit(["item", "value"], rows, parsable=parsable, as_json=False, noheader=noheader)
+
+
+@click.command("agents")
+@backend_options
+@output_options
+def agents_cmd(*, url: str | None, socket_: str | None, parsable: bool, as_json: bool, noheader: bool) -> None:
+    """Per node: reachability, last successful sample and its age, agent version, GPU count, last error."""
+    agents = call(url, socket_, "agents")["agents"]
+    emit(["node", "reachable", "last_seen", "age", "version", "gpus", "error"],
+         [(a["node"], "yes" if a["reachable"] else "no", a["last_seen"] or "",
+           "" if a["age_s"] is None else age(a["age_s"]), a["version"] or "",
+           "" if a["gpus"] is None else a["gpus"], (a["error"] or "")[:80]) for a in agents],
+         parsable=parsable, as_json=as_json, noheader=noheader, json_rows=agents)

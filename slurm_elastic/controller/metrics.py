@@ -1,0 +1,123 @@
+"""The controller's Prometheus metrics, on their own registry (tests build their own; nothing global).
+
+Served over HTTP on ``[metrics] port`` of controller.toml (0 disables). Counters only grow while the process
+lives; gauges describe the latest cycle. Per-job series are reset every cycle, so ended jobs vanish."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from slurm_elastic.store.errors import StoreError
+from slurm_elastic.store.records import AgentRecord
+
+if TYPE_CHECKING:
+    from slurm_elastic.controller.cycle import Controller, CycleSummary
+
+log = logging.getLogger(__name__)
+
+PREFIX = "slurm_elastic_controller"
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.cycle_duration = Histogram(f"{PREFIX}_cycle_duration_seconds", "Duration of one controller cycle.",
+                                        buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r)
+        self.cycles = Counter(f"{PREFIX}_cycles", "Cycles run, by result (ok, skipped, error).", ["result"],
+                              registry=r)
+        self.last_cycle = Gauge(f"{PREFIX}_last_cycle_timestamp_seconds", "End of the latest cycle.", registry=r)
+        self.decisions = Counter(f"{PREFIX}_decisions", "Decisions recorded, by action and reason.",
+                                 ["action", "reason"], registry=r)
+        self.actions = Counter(f"{PREFIX}_actions", "Actions the controller carried out, by kind and outcome.",
+                               ["action", "outcome"], registry=r)
+        self.managed_jobs = Gauge(f"{PREFIX}_managed_jobs", "Elastic units seen in the latest cycle.", registry=r)
+        self.gpus_granted = Counter(f"{PREFIX}_gpus_granted", "GPUs granted by applied grows.", registry=r)
+        self.gpus_reclaimed = Counter(f"{PREFIX}_gpus_reclaimed", "GPUs reclaimed by applied shrinks.", registry=r)
+        self.scrape_errors = Counter(f"{PREFIX}_agent_scrape_errors", "Failed agent scrapes, by node.", ["node"],
+                                     registry=r)
+        self.agent_staleness = Gauge(f"{PREFIX}_agent_staleness_seconds",
+                                     "Seconds since the agent was last scraped successfully.", ["node"], registry=r)
+        self.lease_held = Gauge(f"{PREFIX}_lease_held", "1 while this controller holds the lease (acts).",
+                                registry=r)
+        self.lease_epoch = Gauge(f"{PREFIX}_lease_epoch", "Fencing epoch of the lease this controller holds.",
+                                 registry=r)
+        self.job_nodes = Gauge("slurm_elastic_job_nodes", "Nodes of an elastic unit (leader and extensions).",
+                               ["jobid", "user", "partition"], registry=r)
+        self.job_util = Gauge("slurm_elastic_job_utilization_percent",
+                              "Window mean GPU utilization of an elastic unit, as the policy saw it.",
+                              ["jobid", "user", "partition"], registry=r)
+        self.pending_wait = Gauge("slurm_elastic_pending_wait_seconds",
+                                  "Longest wait of a pending job, by partition.", ["partition"], registry=r)
+        self.pending_jobs = Gauge("slurm_elastic_pending_jobs", "Pending jobs, by partition.", ["partition"],
+                                  registry=r)
+        self._gpu_totals: tuple[int, int] | None = None
+
+    def lease(self, epoch: int | None) -> None:
+        self.lease_held.set(0 if epoch is None else 1)
+        if epoch is not None:
+            self.lease_epoch.set(epoch)
+
+    def gpu_totals(self, granted: int, reclaimed: int) -> None:
+        """Totals from the journal since start: the counters grow by the difference."""
+        if self._gpu_totals is not None:
+            self.gpus_granted.inc(max(0, granted - self._gpu_totals[0]))
+            self.gpus_reclaimed.inc(max(0, reclaimed - self._gpu_totals[1]))
+        else:
+            self.gpus_granted.inc(granted)
+            self.gpus_reclaimed.inc(reclaimed)
+        self._gpu_totals = (granted, reclaimed)
+
+    def agents(self, records: Iterable[AgentRecord], now: datetime) -> None:
+        self.agent_staleness.clear()
+        for a in records:
+            if a.last_seen is not None:
+                self.agent_staleness.labels(a.node).set(max(0.0, (now - a.last_seen).total_seconds()))
+
+    def jobs(self, rows: Iterable[tuple[int, str, str, int, float | None]]) -> None:
+        """(unit id, user, partition, nodes, utilization or None) per unit of the latest cycle."""
+        self.job_nodes.clear()
+        self.job_util.clear()
+        n = 0
+        for job_id, user, partition, nodes, util in rows:
+            n += 1
+            self.job_nodes.labels(str(job_id), user, partition).set(nodes)
+            if util is not None:
+                self.job_util.labels(str(job_id), user, partition).set(util)
+        self.managed_jobs.set(n)
+
+    def pending(self, waits: Mapping[str, list[float]]) -> None:
+        self.pending_wait.clear()
+        self.pending_jobs.clear()
+        for partition, w in waits.items():
+            self.pending_jobs.labels(partition).set(len(w))
+            self.pending_wait.labels(partition).set(max(w) if w else 0.0)
+
+
+def observe_cycle(ctl: Controller, run: Callable[[], CycleSummary], started: datetime) -> CycleSummary:
+    """Run one cycle (``run``) and record its duration, result, lease state, GPU totals and agent staleness."""
+    m = ctl.metrics
+    t0 = time.monotonic()
+    summary = run()
+    if m is None:
+        return summary
+    m.cycles.labels("error" if summary.error else "skipped" if summary.skipped else "ok").inc()
+    m.cycle_duration.observe(time.monotonic() - t0)
+    m.last_cycle.set(time.time())
+    try:
+        lease = ctl.store.lease.get()
+        now = ctl.clock()
+        held = lease is not None and lease.holder == ctl.cfg.holder_name and lease.expires_at > now
+        m.lease(lease.epoch if held and lease is not None else None)
+        totals = ctl.store.journal.gpu_totals(since=started)
+        m.gpu_totals(totals.granted, totals.reclaimed)
+        m.agents(ctl.store.agents.list_agents(), now)
+    except StoreError as e:
+        log.warning("metrics: cannot read the store: %s", e)
+    return summary
