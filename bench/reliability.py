@@ -1,0 +1,45 @@
+"""Run the reliability suite (docs/reliability.md): bounded by default, ``--long`` for the long form.
+
+    .venv/bin/python bench/reliability.py            # the CI form: fuzz 300 cases/target, 20 crash points, 20 s outage
+    .venv/bin/python bench/reliability.py --long     # 5000 fuzz cases/target, 100 crash points, 60 s outage
+    .venv/bin/python bench/reliability.py --unit     # only the fast unit part (no cluster)
+
+Cluster tests run under the shared lock, as every cluster test on this machine must.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LOCK = "/tmp/slurm-elastic-cluster-tests.lock"
+UNIT = ["tests/unit/test_fuzz_inputs.py", "tests/unit/test_reliability_controller.py"]
+CLUSTER = ["tests/cluster/test_reliability_hostile.py", "tests/cluster/test_reliability_faults.py"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--long", action="store_true", help="the long form (hours of fuzzing, 100 crash points)")
+    ap.add_argument("--unit", action="store_true", help="only the unit part (no live cluster)")
+    ap.add_argument("--seed", type=int, default=None, help="crash-storm seed (SLURM_ELASTIC_FAULT_SEED)")
+    args = ap.parse_args(argv)
+    env = dict(os.environ)
+    if args.long:
+        env["SLURM_ELASTIC_LONG"] = "1"
+    if args.seed is not None:
+        env["SLURM_ELASTIC_FAULT_SEED"] = str(args.seed)
+    pytest = [str(REPO / ".venv" / "bin" / "pytest"), "-p", "no:cacheprovider", "-s", "-ra"]
+    timeout = 6 * 3600 if args.long else 1800
+    rc = subprocess.run([*pytest, *UNIT], cwd=REPO, env=env, timeout=timeout, check=False).returncode
+    if rc or args.unit:
+        return rc
+    return subprocess.run(["flock", LOCK, *pytest, *CLUSTER], cwd=REPO, env=env, timeout=timeout,
+                          check=False).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
