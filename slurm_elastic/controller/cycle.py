@@ -419,6 +419,12 @@ class Controller:
                 done.append(f"action {action.id}: aborted (nothing in Slurm)")
         live_leaders = {j.job_id for j in snap.jobs if j.is_running and parse_tag(j.comment) is None}
         for orphan in orphaned_extensions(snap.jobs, live_leaders, self._is_known_key):
+            tag = parse_tag(orphan.comment)
+            leader_rec = self.store.jobs.get_job(tag.parent) if tag else None
+            if leader_rec is None or leader_rec.user != orphan.user:
+                # Only the leader's owner's jobs are its extensions: a copied key on someone else's job is not
+                # ours to cancel.
+                continue
             try:
                 self.slurm.cancel(orphan.job_id)
             except SlurmError as e:

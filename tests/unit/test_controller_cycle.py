@@ -197,10 +197,13 @@ def test_reconcile_resolves_dangling_grows_by_their_key(world: tuple) -> None:  
     assert store.journal.get(lost).state == ActionState.ABORTED
     assert store.jobs.extensions(50)[0].job_id == 51
     assert len(done) == 2
-    # the leader ends: its extension is an orphan and is cancelled
+    # the leader ends: its extension is an orphan and is cancelled -- but not bob's job with a copied key
+    slurm.add_job(52, ["n3"], user="bob", comment=ExtensionTag(50, "grow:50:1").render())
+    ctl.run_cycle()  # the controller has seen job 50 (an elastic job of alice's)
     slurm.jobs[50] = replace(slurm.jobs[50], state="COMPLETED")
     ctl.reconcile()
     assert ("cancel", 51) in slurm.calls
+    assert ("cancel", 52) not in slurm.calls
 
 
 def test_grow_backs_off_after_extensions_die_on_their_own(world: tuple) -> None:  # type: ignore[type-arg]
