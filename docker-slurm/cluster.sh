@@ -311,12 +311,13 @@ sacct_add() {  # idempotent sacctmgr add: "Nothing new added" and "already exist
 
 setup_accounting() {
   sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER_NAME" || sacct_add add cluster "$CLUSTER_NAME"
-  # QOS: high preempts normal and scavenger (requeue); scavenger is for optional preemptible extension jobs.
+  # QOS: high preempts only scavenger (requeue), the QOS a site may give extension jobs; it does not preempt
+  # normal, so a high job pending behind an elastic job is admitted by shrink-to-admit (only the surplus goes).
   sacctmgr -n -P show qos format=name | grep -qx scavenger || sacct_add add qos scavenger
   sacctmgr -n -P show qos format=name | grep -qx high || sacct_add add qos high
   sacctmgr -i modify qos scavenger set priority=0 >/dev/null
   sacctmgr -i modify qos normal set priority=10 preempt=scavenger >/dev/null
-  sacctmgr -i modify qos high set priority=1000 preempt=normal,scavenger preemptmode=requeue >/dev/null
+  sacctmgr -i modify qos high set priority=1000 preempt=scavenger preemptmode=requeue >/dev/null
   local acct
   for acct in nlp:2 vision:1; do
     sacctmgr -n -P show account format=account | grep -qx "${acct%%:*}" ||
