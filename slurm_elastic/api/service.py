@@ -146,7 +146,7 @@ class Service:
             raise RequestError("job: required")
         rec = self._owned_job(caller, job_id)
         text, source = self._policy_text()
-        cfg = parse_config(text, source=source)
+        cfg = parse_config(text, source=source).at(self.clock())  # the profile in force now, as the cycle sees it
         resolved = cfg.resolve_all(rec.partition, rec.account, rec.qos)
         explicit: dict[str, Any] = {}
         if rec.spec:
@@ -167,7 +167,8 @@ class Service:
                 "state": rec.state, "nodes": {"min": rec.min_nodes, "current": rec.current_nodes,
                                               "max": rec.max_nodes},
                 "directives": rec.spec, "directives_source": str(rec.spec_source), "directives_error": rec.spec_error,
-                "policy_source": source, "settings": settings, "decisions": decisions,
+                "policy_source": source, "profile_now": cfg.active_profile, "settings": settings,
+                "decisions": decisions,
                 "paused_by": None if pause is None else {"scope": str(pause.scope), "target": pause.target,
                                                          "who": pause.who, "reason": pause.reason}}
 

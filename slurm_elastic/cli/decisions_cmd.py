@@ -43,7 +43,12 @@ def _nodes(d: dict[str, Any]) -> str:
 
 
 def _inputs(d: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(d.get("inputs", {}).items()))
+    return " ".join(f"{k}={v}" for k, v in sorted(d.get("inputs", {}).items()) if k != "basis")
+
+
+def _based_on(d: dict[str, Any]) -> str:
+    """The measured signal the decision rests on (utilization, throughput, queue, reserve, bounds, none)."""
+    return str(d.get("inputs", {}).get("basis", ""))
 
 
 @click.group("decisions")
@@ -66,9 +71,9 @@ def list_cmd(*, url: str | None, socket_: str | None, job: int | None, since: st
     args = {"job": job, "since": start.isoformat() if start else None, "action": action,
             "reason": reason.upper() if reason else None, "limit": limit}
     rows = sorted(call(url, socket_, "decisions", args)["decisions"], key=lambda d: d["id"], reverse=True)
-    emit(["time", "job", "action", "nodes", "reason", "message"],
+    emit(["time", "job", "action", "nodes", "reason", "based_on", "message"],
          [(_time(d["time"]), d["job"], d["action"] + (" (dry-run)" if d["dry_run"] else ""), _nodes(d),
-           d["reason"], d["message"]) for d in rows],
+           d["reason"], _based_on(d), d["message"]) for d in rows],
          parsable=parsable, as_json=as_json, noheader=noheader, json_rows=rows)
 
 
@@ -109,7 +114,7 @@ def explain_cmd(*, url: str | None, socket_: str | None, job_id: int, last: int,
             ("partition", r["partition"]), ("qos", r["qos"] or ""), ("state", r["state"]),
             ("nodes", f"min {n['min']} current {n['current']} max {n['max']}"),
             ("directives", r["directives"] or "(none)"), ("directives_from", r["directives_source"]),
-            ("policy", r["policy_source"])]
+            ("policy", r["policy_source"]), ("profile_now", r.get("profile_now") or "(none)")]
     if r["directives_error"]:
         head.append(("directives_error", r["directives_error"]))
     if r["paused_by"]:
@@ -120,6 +125,7 @@ def explain_cmd(*, url: str | None, socket_: str | None, job_id: int, last: int,
     emit(["setting", "value", "source"], [(s["key"], s["value"], s["source"]) for s in r["settings"]],
          parsable=parsable, as_json=False, noheader=noheader)
     click.echo()
-    emit(["time", "action", "nodes", "reason", "message", "inputs"],
-         [(_time(d["time"]), d["action"], _nodes(d), d["reason"], d["message"], _inputs(d))
-          for d in r["decisions"]], parsable=parsable, as_json=False, noheader=noheader)
+    # reason is the rule that decided; based_on the signal it read; profile the config profile in force.
+    emit(["time", "action", "nodes", "reason", "based_on", "profile", "message", "inputs"],
+         [(_time(d["time"]), d["action"], _nodes(d), d["reason"], _based_on(d), d.get("profile") or "-",
+           d["message"], _inputs(d)) for d in r["decisions"]], parsable=parsable, as_json=False, noheader=noheader)

@@ -315,9 +315,14 @@ class Controller:
             if a.job_id not in units or a.kind not in _KIND_ACTION:
                 continue
             # A resize happens when it is applied (after the grace period for a shrink), not when it is decided.
-            records.append(ResizeRecord(at=a.finished_at or a.created_at, unit_id=a.job_id, action=_KIND_ACTION[a.kind],
-                                        from_nodes=int(a.params.get("from", 0)), to_nodes=int(a.params.get("to", 0)),
-                                        outcome=_STATE_OUTCOME[a.state], reason=str(a.params.get("reason", ""))))
+            # A shrink-to-admit names the pending jobs it was for: one record each, so decide() backs off for
+            # a job that Slurm did not start after all (admit_backoff_s).
+            admits = [int(j) for j in a.params.get("admits") or []] or [None]
+            records.extend(ResizeRecord(at=a.finished_at or a.created_at, unit_id=a.job_id,
+                                        action=_KIND_ACTION[a.kind], from_nodes=int(a.params.get("from", 0)),
+                                        to_nodes=int(a.params.get("to", 0)), outcome=_STATE_OUTCOME[a.state],
+                                        reason=str(a.params.get("reason", "")), for_job=for_job)
+                           for for_job in admits)
         return tuple(records)
 
     def _finish_pending_shrinks(self, snap: ClusterSnapshot, units: Mapping[int, ElasticUnit],

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any, Literal, cast
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from slurm_elastic.directives.options import SIGNALS
 from slurm_elastic.errors import ConfigError
@@ -123,6 +124,7 @@ class PolicyConfig:
     active_profile: str | None = None
     source: str = "<packaged defaults>"
     windows: Mapping[str, tuple[Window, ...]] = field(default_factory=dict, hash=False)  # profile -> windows
+    timezone: str = "UTC"  # IANA zone the windows are read in (part of the config, so decide() stays pure)
 
     def with_active_profile(self, name: str | None) -> PolicyConfig:
         """The same config with profile ``name`` overlaid (None: no profile). Raises ConfigError if unknown."""
@@ -136,6 +138,8 @@ class PolicyConfig:
         a time window containing ``now``, else None."""
         if self.active_profile is not None:
             return self.active_profile
+        if now.tzinfo is not None:
+            now = now.astimezone(ZoneInfo(self.timezone))
         for name in sorted(self.windows):
             if any(w.contains(now) for w in self.windows[name]):
                 return name
@@ -361,12 +365,25 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<policy config>"
             problems.append(f"active_profile: {active!r} is not a profile (profiles: {known})")
             active = None
 
-    cfg = PolicyConfig(CONFIG_VERSION, base, profiles, active, source, windows)
+    tz = data.get("timezone", "UTC")
+    if not isinstance(tz, str) or not _known_zone(tz):
+        problems.append(f"timezone: {tz!r} is not an IANA time zone (e.g. 'UTC', 'Europe/Berlin', 'America/Chicago')")
+        tz = "UTC"
+
+    cfg = PolicyConfig(CONFIG_VERSION, base, profiles, active, source, windows, timezone=tz)
     if not problems:
         problems.extend(_band_problems(cfg))
     if problems:
         raise PolicyConfigError(source, problems)
     return cfg
+
+
+def _known_zone(name: str) -> bool:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
 
 
 def _windows(value: Any, path: str, problems: list[str]) -> tuple[Window, ...]:

@@ -145,6 +145,7 @@ DEFAULTS: Mapping[str, Value] = {k.name: k.default for k in KEYS}
 META_KEYS: Mapping[str, str] = {
     "version": f"config format version; must be {CONFIG_VERSION}",
     "active_profile": "name of the profile overlaid on everything else (optional; the shell may set it)",
+    "timezone": "IANA time zone in which profile windows are read (default UTC), e.g. 'Europe/Berlin'",
 }
 SCOPE_TABLES: Mapping[str, Scope] = {"partition": Scope.PARTITION, "account": Scope.ACCOUNT, "qos": Scope.QOS}
 PROFILE_TABLE = "profile"

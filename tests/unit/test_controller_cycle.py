@@ -18,7 +18,7 @@ from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import parse_config
 from slurm_elastic.slurm.model import ClusterSnapshot, GresCount, Job, Node, Partition
 from slurm_elastic.store import SqlStore
-from slurm_elastic.store.records import ActionKind, ActionState
+from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
 from tests.unit.storehelpers import FakeClock, memory_store
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -257,3 +257,37 @@ decisions_days = 0
     assert cfg.interval_s == 15 and cfg.dry_run
     assert cfg.agents.url_for("n1", "10.0.0.1") == "http://10.0.0.1:9817"
     assert cfg.agents.url_for("n9", "x") == "http://10.0.0.9:1234"
+
+
+def test_shrink_to_admit_backs_off_when_slurm_does_not_start_the_admitted_job() -> None:
+    """The journal remembers which pending job a shrink-to-admit was for; when Slurm starts something else (or
+    nothing), the controller does not shrink again for that job within admit_backoff_s."""
+    clock = FakeClock(T0)
+    store = memory_store(clock)
+    slurm = FakeSlurm(clock)
+    agents = Agents(clock)
+    policy = parse_config("version = 1\nwindow_s = 10\ncooldown_s = 10\ngrace_s = 4\nmin_samples = 3\n"
+                          "max_metric_age_s = 30\nstartup_protection_s = 0\nmin_remaining_for_grow_s = 0\n"
+                          "shrink_to_admit = true\nadmit_backoff_s = 120\n")
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,  # type: ignore[arg-type]
+                     store=store, collector=agents, clock=clock)
+    slurm.add_job(10, ["n1", "n2", "n3"])
+    agents.util.update({(n, 10): 60.0 for n in ("n1", "n2", "n3")})  # in band: no metric-driven resize
+    pending = slurm.add_job(50, ["n4"])
+    slurm.jobs[50] = replace(pending, state="PENDING", state_reason="Resources", nodes=(), batch_host=None,
+                             node_count=2, priority=1000, qos="high", start_time=None)
+    run(ctl, clock, 10)  # the grace, then the shrink 3->2 for job 50
+    shrinks = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]
+    assert [(a.params["from"], a.params["to"], a.params["admits"]) for a in shrinks] == [(3, 2, [50])]
+    assert slurm.jobs[10].node_count == 2 and ("signal", (10, "USR1")) in slurm.calls
+    slurm.add_job(60, ["n3"], user="bob")  # Slurm chose otherwise: a backfilled job took the freed node
+    run(ctl, clock, 40)  # 80 s: several cooldowns, still inside the backoff
+    shrinks = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]
+    assert len(shrinks) == 1
+    assert "admit" not in " ".join(d.message for d in store.decisions.list_decisions(DecisionFilter(job_id=10))
+                                   if d.time > shrinks[0].finished_at)  # type: ignore[operator]
+    run(ctl, clock, 30)  # past the backoff, job 50 still waits: one more node goes (its min 1 is kept)
+    shrinks = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]
+    assert sorted((a.params["from"], a.params["to"]) for a in shrinks) == [(2, 1), (3, 2)]
+    run(ctl, clock, 80)
+    assert slurm.jobs[10].node_count == 1

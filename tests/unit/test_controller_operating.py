@@ -3,6 +3,7 @@ fake clock), the [api] section of controller.toml, and the CLI's usage and error
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,44 @@ def test_the_daemon_serves_the_api_and_keeps_the_db_private(tmp_path: Path) -> N
         bad = parse_controller_config(f'version = 1\n[controller]\ndb_url = "{url}"\n[api]\n'
                                       f'socket = "/proc/nope/c.sock"\n')
         assert start_api(bad) is None  # logged; the controller runs on without the API
+
+
+PROFILE_POLICY = """
+version = 1
+window_s = 10
+cooldown_s = 20
+min_samples = 3
+max_metric_age_s = 30
+startup_protection_s = 0
+min_remaining_for_grow_s = 0
+[profile.weekend]
+windows = ["Sat,Sun 00:00-24:00"]
+scale_up_above = 60
+"""
+
+
+def test_explain_shows_the_rule_the_signal_and_the_profile_behind_each_decision(tmp_path: Path) -> None:
+    """T0 is Sunday 12:00: the "weekend" profile is in force; its decisions say so, and explain shows it."""
+    clock = FakeClock(T0)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = SqlStore.open(url)
+    slurm = FakeSlurm(clock)
+    agents = Agents(clock)
+    policy = parse_config(PROFILE_POLICY)
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,  # type: ignore[arg-type]
+                     store=store, collector=agents, clock=clock)
+    slurm.add_job(10, ["n1"])
+    agents.util[("n1", 10)] = 70.0  # a grow only under the weekend profile's scale_up_above = 60
+    run(ctl, clock, 8)
+    store.close()
+    out = CliRunner().invoke(main, ["explain", "--url", url, "10", "-P", "--last", "50"])
+    assert out.exit_code == 0, out.output
+    rows = [line.split("|") for line in out.output.splitlines()]
+    header = next(r for r in rows if r[0] == "time")
+    assert header[:6] == ["time", "action", "nodes", "reason", "based_on", "profile"]
+    decided = [r for r in rows if len(r) == len(header) and r[0] != "time"]
+    assert any(r[1] == "grow" and r[4] == "utilization" and r[5] == "weekend" for r in decided), out.output
+    # The settings are resolved at the real now (the CLI's own clock): the profile only on a real weekend.
+    weekend = datetime.now(tz=UTC).weekday() >= 5
+    assert ["profile_now", "weekend" if weekend else "(none)"] in rows, out.output
+    assert ["scale_up_above", "60" if weekend else "80", "profile weekend" if weekend else "default"] in rows

@@ -239,3 +239,20 @@ def test_window_grammar() -> None:
     assert w.days == frozenset({4, 5, 6, 0})
     assert parse_window("Sat,Sun 10:00-12:00").days == frozenset({5, 6})
     assert parse_window("* 10:00-12:00").days == frozenset(range(7))
+
+
+def test_profile_windows_are_read_in_the_configured_time_zone() -> None:
+    text = 'version = 1\ntimezone = "America/Chicago"\n[profile.day]\nwindows = ["Mon-Fri 08:00-20:00"]\n'
+    cfg = parse_config(text)
+    # 2026-11-30 is a Monday. 13:00 UTC is 07:00 in Chicago (CST, UTC-6): not yet; 14:00 UTC is 08:00: open.
+    assert cfg.profile_at(datetime(2026, 11, 30, 13, 59, tzinfo=UTC)) is None
+    assert cfg.profile_at(datetime(2026, 11, 30, 14, 0, tzinfo=UTC)) == "day"
+    # Saturday 01:00 UTC is still Friday 19:00 in Chicago.
+    assert cfg.profile_at(datetime(2026, 12, 5, 1, 0, tzinfo=UTC)) == "day"
+    utc = parse_config(text.replace('timezone = "America/Chicago"\n', ""))
+    assert utc.timezone == "UTC" and utc.profile_at(datetime(2026, 11, 30, 13, 0, tzinfo=UTC)) == "day"
+
+
+def test_an_unknown_time_zone_is_a_clear_error() -> None:
+    with pytest.raises(PolicyConfigError, match="timezone: 'Mars/Olympus' is not an IANA time zone"):
+        parse_config('version = 1\ntimezone = "Mars/Olympus"\n')
