@@ -120,12 +120,17 @@ class Walk:
                     assert isinstance(value, int)
                     self.reserves[part] = value
         for w in self.works:
+            # Partitions may overlap (the same nodes in "train" and "serve"): a unit frees nodes for, and may
+            # give nodes back to, every partition its nodes belong to, not only the one it was submitted to.
+            parts = self._unit_partitions(w)
             if w.action is Action.SHRINK:
                 w.taken = w.want
                 for r in w.removal()[: w.want]:
-                    self.freeing.setdefault(w.unit.job.partition, []).append((r.node, w))
+                    for part in self.info.partitions(r.node) or (w.unit.job.partition,):
+                        self.freeing.setdefault(part, []).append((r.node, w))
             if w.victim_ok:
-                self.victims.setdefault(w.unit.job.partition, []).append(w)
+                for part in parts:
+                    self.victims.setdefault(part, []).append(w)
             if w.action is Action.GROW:
                 part_d = self.demand.setdefault(w.unit.job.partition, {})
                 account = w.unit.job.account or NO_ACCOUNT
@@ -134,6 +139,12 @@ class Walk:
         rank = {t: i for i, t in enumerate(grown)}
         for lst in self.victims.values():
             lst.sort(key=lambda v: victim_key(v, rank))
+
+    def _unit_partitions(self, w: UnitWork) -> tuple[str, ...]:
+        names = {w.unit.job.partition}
+        for r in w.removal():
+            names.update(self.info.partitions(r.node))
+        return tuple(sorted(names))
 
     def run(self) -> None:
         self._reclaim()
@@ -182,7 +193,7 @@ class Walk:
                 continue
             grown = sorted({w.last_grow for w in self.works if w.last_grow is not None})
             rank = {t: i for i, t in enumerate(grown)}
-            candidates = sorted((w for w in self.works if w.reclaim_ok and w.unit.job.partition == part),
+            candidates = sorted((w for w in self.works if w.reclaim_ok and part in self._unit_partitions(w)),
                                 key=lambda v: victim_key(v, rank))
             for w in candidates:
                 if deficit <= 0:
@@ -239,10 +250,14 @@ class Walk:
                     claims.append(name)
         still = deficit - len(claims)
         tentative: list[tuple[UnitWork, int]] = []
+        seen: set[int] = set()  # a unit on nodes of several of the job's partitions is asked once
         for part in parts:
             for w in self.victims.get(part, ()):
                 if still <= 0 or w.priority >= job.priority:
                     break
+                if w.unit_id in seen:
+                    continue
+                seen.add(w.unit_id)
                 surplus = w.current - w.unit.min_nodes - w.taken
                 order = w.removal()
                 k = 0

@@ -157,3 +157,28 @@ def test_reserve_reclaim_moves_gradually_and_keeps_min() -> None:
     assert capped[100].action is Action.SHRINK and capped[200].reason is Reason.ACTION_CAP
     off = _run([a, b], busy, [], shrink_to_admit=False, free_node_reserve=3)
     assert off[100].action is Action.HOLD and off[200].action is Action.HOLD
+
+
+def _shared(*names: str) -> list[Node]:
+    """Nodes in two overlapping partitions, as on many sites (and the test cluster): train and serve."""
+    return [node(n, used=4, partitions=("train", "serve")) for n in names]
+
+
+def test_overlapping_partitions_a_job_pending_in_one_is_admitted_from_a_unit_in_the_other() -> None:
+    u = unit(job(100, nodes=("n1", "n2", "n3"), priority=10, partition="train"))
+    d = _run([u], _shared("n1", "n2", "n3"), [pending(900, count=1, priority=100, partition="serve")])[100]
+    assert (d.action, d.reason, d.target_nodes) == (Action.SHRINK, Reason.SHRINK_TO_ADMIT, 2)
+    # A job pending in a partition the unit's nodes are not in is not helped by shrinking it.
+    other = [node(n, used=4, partitions=("train",)) for n in ("n1", "n2", "n3")]
+    d = _run([u], other, [pending(900, count=1, priority=100, partition="serve")])[100]
+    assert d.action is Action.HOLD
+
+
+def test_overlapping_partitions_a_reserve_in_one_is_reclaimed_from_a_unit_in_the_other() -> None:
+    a = unit(job(100, nodes=("n1", "n2"), priority=10, partition="train"))
+    b = unit(job(200, nodes=("n3", "n4"), priority=20, partition="train"))
+    ds = {d.unit_id: d for d in decide(
+        make_input([a, b], _shared("n1", "n2", "n3", "n4"), utils=[util(100, 60), util(200, 60)]),
+        cfg(partition={"serve": {"free_node_reserve": 2, "reclaim_reserve": True}}), NOW)}
+    assert [(ds[i].action, ds[i].reason, ds[i].target_nodes) for i in (100, 200)] == [
+        (Action.SHRINK, Reason.RESERVE_RECLAIM, 1), (Action.SHRINK, Reason.RESERVE_RECLAIM, 1)]
