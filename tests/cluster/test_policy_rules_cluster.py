@@ -1,0 +1,147 @@
+"""Policy rules of issue 9 on the real cluster: shrink-to-admit for a `high` job, and a time-window profile.
+
+Real slurmctld/slurmd, real agents over virtual GPUs, the real controller process; the policy file is the
+harness's small-number one plus the rule under test.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from slurm_elastic.store.records import ActionKind
+from tests.cluster.agents_harness import Agents, running_agents
+from tests.cluster.controller_harness import (
+    TEST_POLICY,
+    controller_config,
+    elastic_script,
+    node_count,
+    running_controller,
+    wait_until,
+)
+from tests.cluster.harness import TestCluster
+
+pytestmark = pytest.mark.cluster
+
+BAND = 60  # between scale_down_below (40) and scale_up_above (80): no utilization-driven resize
+
+
+@pytest.fixture(scope="module")
+def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
+    with running_agents(cluster, tmp_path_factory.mktemp("rules-agents"), interval_s=1.0, window_s=4) as a:
+        yield a
+
+
+@pytest.fixture
+def stack(agents: Agents, clean_cluster: TestCluster) -> Agents:
+    return agents
+
+
+def marker_file(cluster: TestCluster) -> Path:
+    path = cluster.jobs_dir / f"marker-{uuid.uuid4().hex[:8]}"
+    path.touch()
+    path.chmod(0o666)
+    return path
+
+
+def graces(marker: Path, job: int) -> list[float]:
+    return [float(line.split()[1]) for line in marker.read_text().splitlines()
+            if line.startswith("grace") and f"job={job}" in line]
+
+
+def test_high_qos_job_pending_behind_elastic_surplus_is_admitted_by_shrinking_the_surplus(
+        stack: Agents, tmp_path: Path) -> None:
+    """bob's elastic job holds 3 of 4 nodes (min 2); alice's rigid `high` job needs 2. The controller signals
+    bob's job, waits the grace, gives back one node (not two: one node was free), and Slurm starts the high
+    job. QOS high does not preempt normal on this cluster, so nothing but the controller frees the node."""
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    directives = "#ELASTIC --min-nodes 2 --max-nodes 3 --window 10s --cooldown 15s --grace 3s --signal USR2"
+    elastic = cluster.submit(elastic_script(BAND, directives, marker), "-N3", "--gres=gpu:2", "--time=60",
+                             user="bob")
+    cluster.wait_state(elastic, {"RUNNING"})
+    # Whole nodes (4 GPUs): it can not share the elastic job's nodes, which have 2 GPUs left each.
+    high = cluster.submit("#!/bin/bash\nsleep 600\n", "-N2", "--gres=gpu:4", "--qos=high", "--time=30",
+                          user="alice")
+    time.sleep(3)
+    assert cluster.job_state(high) == "PENDING"  # blocked: one free node, and Slurm does not preempt normal
+    cfg = controller_config(tmp_path, stack)
+    (tmp_path / "policy.toml").write_text(TEST_POLICY + "shrink_to_admit = true\n")
+    with running_controller(cluster, cfg) as ctl:
+        wait_until("the high job to start", lambda: cluster.job_state(high) == "RUNNING", 120, ctl)
+        started = time.time()
+        time.sleep(12)  # several cycles with the high job running: no further shrink
+        shrinks = ctl.applied(elastic, ActionKind.SHRINK)
+        decisions = ctl.decisions(elastic)
+    assert [(a.params["from"], a.params["to"], a.params["admits"]) for a in shrinks] == [(3, 2, [high])]
+    assert node_count(cluster, elastic) == 2 and cluster.job_state(elastic) == "RUNNING"  # its min is kept
+    (admit,) = [d for d in decisions if d.reason == "SHRINK_TO_ADMIT" and d.action == "shrink"]
+    assert admit.inputs["admits"] == str(high) and admit.inputs["basis"] == "queue"
+    # The grace signal reached the job, and the grace passed before the node was taken away.
+    (signalled,) = graces(marker, elastic)
+    assert shrinks[0].finished_at is not None
+    assert signalled <= shrinks[0].finished_at.timestamp() - 2.5
+    assert shrinks[0].finished_at.timestamp() <= started
+    print(f"\nshrink-to-admit: decided {admit.time:%H:%M:%S}, released {shrinks[0].finished_at:%H:%M:%S}, "
+          f"high job running {datetime.fromtimestamp(started, tz=UTC):%H:%M:%S}")
+
+
+def _next_window(zone: ZoneInfo, lead_s: float = 25.0) -> tuple[datetime, str]:
+    """A window opening at the first whole minute at least ``lead_s`` from now (site time), 10 minutes long."""
+    now = datetime.now(tz=zone)
+    opens = (now + timedelta(seconds=lead_s + 60)).replace(second=0, microsecond=0)
+    closes = opens + timedelta(minutes=10)
+    day = opens.strftime("%a")
+    return opens, f"{day} {opens:%H:%M}-{closes:%H:%M}" if closes.date() == opens.date() else f"{day} {opens:%H:%M}-24:00"
+
+
+def test_a_time_window_opening_moves_the_cluster_to_the_profile_targets_one_action_per_cycle(
+        stack: Agents, tmp_path: Path) -> None:
+    """Two elastic jobs fill all 4 nodes of partition train. The "peak" profile (in the site's time zone,
+    America/Chicago here) keeps 2 nodes free for partition serve, which shares the nodes, and reclaims them.
+    Before the window: only holds. Once it opens: two shrinks, in two different cycles (max_actions_per_cycle
+    = 1), each recorded with the profile, and then 2 nodes stay free."""
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    directives = "#ELASTIC --min-nodes 1 --max-nodes 2 --window 10s --cooldown 15s --grace 3s --signal USR2"
+    jobs = [cluster.submit(elastic_script(BAND, directives, marker), "-N2", "--gres=gpu:4", "--time=60", user=u)
+            for u in ("alice", "bob")]
+    for j in jobs:
+        cluster.wait_state(j, {"RUNNING"})
+    zone = ZoneInfo("America/Chicago")
+    opens, window = _next_window(zone)
+    cfg = controller_config(tmp_path, stack)
+    (tmp_path / "policy.toml").write_text(TEST_POLICY + f"""
+timezone = "America/Chicago"
+max_actions_per_cycle = 1
+[profile.peak]
+windows = ["{window}"]
+[profile.peak.partition.serve]
+free_node_reserve = 2
+reclaim_reserve = true
+""")
+    with running_controller(cluster, cfg) as ctl:
+        wait_until("both jobs shrunk to 1 node", lambda: all(node_count(cluster, j) == 1 for j in jobs), 150, ctl)
+        time.sleep(8)
+        shrinks = sorted((a for j in jobs for a in ctl.applied(j, ActionKind.SHRINK)), key=lambda a: a.created_at)
+        decisions = [d for j in jobs for d in ctl.decisions(j)]
+    assert len(shrinks) == 2 and {a.job_id for a in shrinks} == set(jobs)
+    assert all((a.params["from"], a.params["to"], a.params["reason"]) == (2, 1, "RESERVE_RECLAIM") for a in shrinks)
+    assert all(a.created_at >= opens for a in shrinks)  # nothing moved before the window opened
+    assert shrinks[0].cycle_id != shrinks[1].cycle_id  # gradually: one action per cycle
+    before = [d for d in decisions if d.time < opens]
+    after = [d for d in decisions if d.time >= opens]
+    assert before and all(d.action == "hold" and d.profile is None for d in before)
+    assert after and all(d.profile == "peak" for d in after)
+    reclaims = [d for d in after if d.reason == "RESERVE_RECLAIM" and d.action == "shrink"]
+    assert reclaims and all(d.inputs["basis"] == "reserve" for d in reclaims)
+    free = cluster.run(["sinfo", "-h", "-p", "serve", "-t", "idle", "-o", "%D"]).stdout.split()
+    assert sum(int(x) for x in free) == 2
+    print(f"\nwindow {window} (America/Chicago) opened {opens:%H:%M:%S %Z}; shrinks at "
+          f"{', '.join(f'{a.created_at.astimezone(zone):%H:%M:%S}' for a in shrinks)}")
