@@ -98,7 +98,8 @@ def _next_window(zone: ZoneInfo, lead_s: float = 25.0) -> tuple[datetime, str]:
     opens = (now + timedelta(seconds=lead_s + 60)).replace(second=0, microsecond=0)
     closes = opens + timedelta(minutes=10)
     day = opens.strftime("%a")
-    return opens, f"{day} {opens:%H:%M}-{closes:%H:%M}" if closes.date() == opens.date() else f"{day} {opens:%H:%M}-24:00"
+    end = f"{closes:%H:%M}" if closes.date() == opens.date() else "24:00"
+    return opens, f"{day} {opens:%H:%M}-{end}"
 
 
 def test_a_time_window_opening_moves_the_cluster_to_the_profile_targets_one_action_per_cycle(
