@@ -53,6 +53,7 @@ class Actuator:
     store: SqlStore
     extension_env: Mapping[str, str]
     fault: FaultHook = _no_fault
+    extension_qos: str = ""  # [extension] qos; "" = the leader's QOS
 
     # --- grow ------------------------------------------------------------------------------------------
     def grow(self, d: Decision, snap: ClusterSnapshot, decision_id: int | None, ctx: CycleContext) -> str:
@@ -77,7 +78,7 @@ class Actuator:
             batch = snap.node(unit.batch_host) if unit.batch_host else None
             req = build_request(unit, plan.nodes, key, now,
                                 rendezvous=rendezvous_endpoint(unit, batch.address if batch else None),
-                                base_env=self.extension_env)
+                                base_env=self.extension_env, qos=self.extension_qos)
             ext_id = self.slurm.submit_as(req.user, script, req.sbatch_args, env=req.env)
         except SlurmError as e:
             self.store.journal.mark_failed(action_id, _msg(e), transient=isinstance(e, SlurmTransientError))
@@ -104,6 +105,7 @@ class Actuator:
                                  if plan.shrink_extension else None),
             "leader_keep_nodes": list(plan.leader_keep_nodes) if plan.leader_keep_nodes is not None else None,
             "released_nodes": list(plan.released_nodes), "admits": list(plan.admits),
+            "time_limit_add_s": plan.time_limit_add_s,
             "signal": d.signal, "grace_s": d.grace_s, "deadline": deadline.isoformat(),
         }
         action_id = self.store.journal.record_intent(
@@ -167,8 +169,29 @@ class Actuator:
             self.store.journal.mark_failed(action.id, _msg(e), transient=isinstance(e, SlurmTransientError))
             return f"shrink failed: {_msg(e)}"
         released = ",".join(p.get("released_nodes") or [])
-        self.store.journal.mark_applied(action.id, f"released {released}")
-        return f"released {released}"
+        outcome = f"released {released}{self._extend_time_limit(action, leader)}"
+        self.store.journal.mark_applied(action.id, outcome)
+        return outcome
+
+    def _extend_time_limit(self, action: ActionRecord, leader: Job) -> str:
+        """After the nodes are gone: raise the leader's time limit by the plan's ``time_limit_add_s``.
+
+        Returns a note for the journal's message ('' when there is nothing to do). A failure is logged and
+        recorded there; it never undoes the shrink, which has happened.
+        """
+        add_s = int(action.params.get("time_limit_add_s") or 0)
+        if add_s <= 0:
+            return ""
+        if leader.time_limit_min is None:
+            return "; time limit not extended: the job has no time limit"
+        add_min = -(-add_s // 60)  # whole minutes, rounded up
+        try:
+            new = self.slurm.extend_time_limit(leader, add_min)
+        except SlurmError as e:
+            log.warning("job %s: extending the time limit by %d min after the shrink failed: %s",
+                        leader.display_id, add_min, _msg(e))
+            return f"; time limit extension by +{add_min}min failed: {_msg(e)}"
+        return f"; time limit {leader.time_limit_min} -> {new} min (+{add_min}min)"
 
 
 def _nodes_after(p: Mapping[str, Any], leader: Job, snap: ClusterSnapshot, extension_ids: set[int]) -> int:

@@ -15,6 +15,7 @@ is ever evaluated as code. Example::
     lease_ttl_s = 90
     reconcile_interval_s = 60
     retention_interval_s = 3600
+    accounting_refresh_s = 300 # re-read fair-share weights (sshare) and GPU limits (sacctmgr) this often
 
     [agents]
     key_file = "/etc/slurm-elastic/agent.key"
@@ -25,6 +26,7 @@ is ever evaluated as code. Example::
 
     [extension]
     env = { PATH = "/usr/local/bin:/usr/bin:/bin" }   # environment of extension jobs (plus the role variables)
+    qos = ""                   # QOS of extension jobs, e.g. a preemptible "scavenger"; "" = the leader's QOS
 
     [api]                      # the local API the CLI talks to (see docs/operating.md)
     socket = "/run/slurm-elastic/controller.sock"   # "" disables it
@@ -47,6 +49,7 @@ is ever evaluated as code. Example::
 from __future__ import annotations
 
 import os
+import re
 import socket
 import tomllib
 from collections.abc import Mapping
@@ -59,6 +62,8 @@ from slurm_elastic.store.models import PREFIX_RE
 from slurm_elastic.store.records import Retention
 
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-elastic/controller.toml")
+#: A QOS name as sacctmgr accepts it; it becomes one ``--qos=`` argument of sbatch (never a shell word).
+QOS_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 CONFIG_VERSION = 1
 
 
@@ -101,8 +106,10 @@ class ControllerConfig:
     lease_ttl_s: float = 90.0
     reconcile_interval_s: float = 60.0
     retention_interval_s: float = 3600.0
+    accounting_refresh_s: float = 300.0  # sshare weights and sacctmgr GPU limits (controller/shares.py)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     extension_env: Mapping[str, str] = field(default_factory=lambda: {"PATH": "/usr/local/bin:/usr/bin:/bin"})
+    extension_qos: str = ""  # "" = the leader's QOS (see docs/controller.md, "Slurm-side losses")
     retention: Retention = field(default_factory=Retention)
     api: ApiConfig = field(default_factory=ApiConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -124,6 +131,7 @@ _CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] |
     "lease_ttl_s": ((int, float), (2, 86400)),
     "reconcile_interval_s": ((int, float), (1, 86400)),
     "retention_interval_s": ((int, float), (10, 864000)),
+    "accounting_refresh_s": ((int, float), (1, 86400)),
 }
 _RETENTION_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
     f"{k}_days": (int, (0, 36500)) for k in ("samples", "decisions", "actions", "jobs", "cycles")
@@ -209,9 +217,16 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
 
     ext = data.get("extension", {})
     ext_env: dict[str, str] = {}
+    ext_qos = ""
     for key, value in ext.items():
-        if key != "env":
-            problems.append(f"extension.{key}: unknown key (known: env)")
+        if key == "qos":
+            if not isinstance(value, str) or not (value == "" or QOS_NAME_RE.match(value)):
+                problems.append("extension.qos: a Slurm QOS name (letters, digits, '_', '-', '.'; up to 64) "
+                                "or \"\" for the leader's QOS")
+            else:
+                ext_qos = value
+        elif key != "env":
+            problems.append(f"extension.{key}: unknown key (known: env, qos)")
         elif not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             problems.append("extension.env: must be a table of strings")
         else:
@@ -230,6 +245,7 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
         lease_ttl_s=float(ctl.get("lease_ttl_s", 90.0)),
         reconcile_interval_s=float(ctl.get("reconcile_interval_s", 60.0)),
         retention_interval_s=float(ctl.get("retention_interval_s", 3600.0)),
+        accounting_refresh_s=float(ctl.get("accounting_refresh_s", 300.0)),
         agents=AgentsConfig(
             key_file=Path(key_file) if key_file else None,
             url_template=template,
@@ -237,6 +253,7 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
             urls=dict(urls),
         ),
         extension_env=ext_env or {"PATH": "/usr/local/bin:/usr/bin:/bin"},
+        extension_qos=ext_qos,
         retention=Retention(samples_s=days("samples"), decisions_s=days("decisions"), actions_s=days("actions"),
                             jobs_s=days("jobs"), cycles_s=days("cycles")),
         api=ApiConfig(

@@ -19,11 +19,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from slurm_elastic.controller.actuator import Actuator, CycleContext
+from slurm_elastic.controller.admits import AdmitFollower
 from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.extension import orphaned_extensions, parse_tag
+from slurm_elastic.controller.goodput import GoodputReader, StoreJournal
+from slurm_elastic.controller.losses import SLURM_LOSS_STATES, LossRecorder
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
+from slurm_elastic.controller.shares import AccountingCache
 from slurm_elastic.controller.units import SpecCache, build_units
 from slurm_elastic.controller.utilization import utilization_from_samples, window_query_start
 from slurm_elastic.errors import ConfigError
@@ -88,8 +92,12 @@ class Controller:
         self.store = store
         self.collector = collector
         self.clock = clock
-        self.actuator = actuator or Actuator(slurm, store, cfg.extension_env)
+        self.actuator = actuator or Actuator(slurm, store, cfg.extension_env, extension_qos=cfg.extension_qos)
+        self.losses = LossRecorder(store)  # extensions Slurm took away: preemption, node failure (losses.py)
         self.specs = SpecCache()
+        self.admits = AdmitFollower(verify_s=max(60.0, 5 * cfg.interval_s))  # did shrink-to-admit work?
+        self.accounting = AccountingCache(slurm, cfg.accounting_refresh_s)  # sshare weights, Slurm GPU limits
+        self.goodput = GoodputReader(StoreJournal(store))  # jobs' published throughput (docs/goodput.md)
         self._last_sample: dict[int, datetime] = {}
         self._slurm_down_since: float | None = None
         self._token: FencingToken | None = None
@@ -186,12 +194,21 @@ class Controller:
         built = build_units(snap, read_script=self._read_script, is_known_key=self._is_known_key,
                             cache=self.specs)
         units = {u.unit_id: u for u in built.units}
+        before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n)
+                  for r in self.store.jobs.list_jobs(active_only=True) if r.job_id in units}
         self._observe_jobs(built.units, built.sources, built.not_elastic, snap)
+        for lost in self.losses.record(summary.cycle_id or 0, units, snap, now, previous_nodes=before):
+            if self.metrics is not None:
+                self.metrics.decisions.labels(lost.action, lost.reason).inc()
         open_by_unit = self._finish_pending_shrinks(snap, units, ctx, summary)
+        for admitted in self.admits.follow(self.store.journal.list_actions(since=now - timedelta(hours=1)), snap, now):
+            if self.metrics is not None:
+                self.metrics.admits.labels(admitted.outcome).inc()
         utilization = self._utilization(snap, built.units, now)
-        history = self._history(units, now)
+        history = self._history(units, now) + self.losses.history(units, now)
         policy = with_paused_jobs(self.policy, paused_units(built.units, self.store.pauses.list_pauses()))
-        decisions = decide(PolicyInput(snap, tuple(built.units), utilization, history), policy, now)
+        decisions = decide(PolicyInput(snap, tuple(built.units), utilization, history, self.accounting.shares(),
+                                       self.accounting.gpu_limits()), policy, now)
         summary.decisions = decisions
         if self.metrics is not None:
             self._cycle_metrics(self.metrics, snap, built.units, utilization, decisions, now=now)
@@ -306,7 +323,7 @@ class Controller:
             m = merged_by_unit[u.unit_id]
             util = utilization_from_samples(u.unit_id, rows, m.gpus_allocated, m.gpus_in_use)
             if util is not None:
-                out[u.unit_id] = util
+                out[u.unit_id] = self.goodput.attach(u, util, resolve_unit(self.policy, u), now)
         return out
 
     def _history(self, units: Mapping[int, ElasticUnit], now: datetime) -> tuple[ResizeRecord, ...]:
@@ -317,7 +334,7 @@ class Controller:
             # A resize happens when it is applied (after the grace period for a shrink), not when it is decided.
             # A shrink-to-admit names the pending jobs it was for: one record each, so decide() backs off for
             # a job that Slurm did not start after all (admit_backoff_s).
-            admits = [int(j) for j in a.params.get("admits") or []] or [None]
+            admits: list[int | None] = [int(j) for j in a.params.get("admits") or []] or [None]
             records.extend(ResizeRecord(at=a.finished_at or a.created_at, unit_id=a.job_id,
                                         action=_KIND_ACTION[a.kind], from_nodes=int(a.params.get("from", 0)),
                                         to_nodes=int(a.params.get("to", 0)), outcome=_STATE_OUTCOME[a.state],
@@ -362,10 +379,12 @@ class Controller:
 
     def _grow_backoff(self, unit_id: int, now: datetime) -> str | None:
         """After extension jobs die on their own (a bad script, an output they cannot open, a failing node),
-        growing again at once would only repeat it: wait 60 s, doubling per failure in the last hour (max 1 h)."""
+        growing again at once would only repeat it: wait 60 s, doubling per failure in the last hour (max 1 h).
+        Slurm-side losses (PREEMPTED, NODE_FAIL) are no failure of the job: they are recorded decisions whose
+        cooldown is the only wait (controller/losses.py)."""
         failures = [e for e in self.store.jobs.extensions(unit_id, active_only=False)
                     if e.ended_at is not None and e.ended_at > now - timedelta(hours=1)
-                    and e.state not in EXTENSION_ENDS_BY_US
+                    and e.state not in EXTENSION_ENDS_BY_US and e.state not in SLURM_LOSS_STATES
                     and (e.ended_at - e.created_at).total_seconds() < EXTENSION_SHORT_LIFE_S]
         if not failures:
             return None

@@ -107,7 +107,8 @@ def build_controller(cfg: ControllerConfig) -> Controller:
         return collect_sync(agents, key, timeout_s=cfg.agents.timeout_s)
 
     slurm = SlurmCli()
-    actuator = Actuator(slurm, store, cfg.extension_env, fault=_fault_hook_from_env())
+    actuator = Actuator(slurm, store, cfg.extension_env, fault=_fault_hook_from_env(),
+                        extension_qos=cfg.extension_qos)
     return Controller(cfg, policy, slurm=slurm, store=store, collector=collector, actuator=actuator,
                       metrics=ControllerMetrics())
 
@@ -185,6 +186,7 @@ def run(config_path: Path, *, once: bool = False, dry_run: bool | None = None) -
                 try:
                     new_cfg = load_controller_config(config_path)
                     ctl.cfg = new_cfg if dry_run is None else replace(new_cfg, dry_run=dry_run)
+                    ctl.actuator.extension_qos = ctl.cfg.extension_qos
                     ctl.policy, source = load_policy(ctl.cfg, ctl.store)
                     current = ctl.store.policies.current_policy()
                     ctl.policy_version = current.version if current else None

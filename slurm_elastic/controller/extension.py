@@ -68,8 +68,12 @@ def build_request(
     *,
     rendezvous: str,
     base_env: Mapping[str, str] | None = None,
+    qos: str = "",
 ) -> ExtensionRequest:
-    """sbatch arguments and environment for an extension job of ``leader`` on exactly ``nodes``."""
+    """sbatch arguments and environment for an extension job of ``leader`` on exactly ``nodes``.
+
+    ``qos``: the site's QOS for extension jobs (``[extension] qos``, e.g. a preemptible scavenger QOS); empty
+    means the leader's own QOS. The leader itself never runs in it."""
     node_list = list(nodes)
     if not node_list:
         raise ValueError("an extension job needs at least one node")
@@ -85,8 +89,8 @@ def build_request(
     ]
     if leader.account:
         args.append(f"--account={leader.account}")
-    if leader.qos:
-        args.append(f"--qos={leader.qos}")
+    if qos or leader.qos:
+        args.append(f"--qos={qos or leader.qos}")
     gres = [str(g) for g in leader.gres_per_node]
     if gres:
         args.append(f"--gres={','.join(gres)}")

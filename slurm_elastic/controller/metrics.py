@@ -37,6 +37,8 @@ class ControllerMetrics:
                                  ["action", "reason"], registry=r)
         self.actions = Counter(f"{PREFIX}_actions", "Actions the controller carried out, by kind and outcome.",
                                ["action", "outcome"], registry=r)
+        self.admits = Counter(f"{PREFIX}_admits", "Pending jobs a shrink-to-admit was for, by what became of them "
+                              "(started, not_started within the verify time, gone).", ["outcome"], registry=r)
         self.managed_jobs = Gauge(f"{PREFIX}_managed_jobs", "Elastic units seen in the latest cycle.", registry=r)
         self.gpus_granted = Counter(f"{PREFIX}_gpus_granted", "GPUs granted by applied grows.", registry=r)
         self.gpus_reclaimed = Counter(f"{PREFIX}_gpus_reclaimed", "GPUs reclaimed by applied shrinks.", registry=r)

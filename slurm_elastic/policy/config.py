@@ -229,6 +229,8 @@ class UnitSettings:
     max_metric_age_s: int
     startup_protection_s: int
     min_remaining_for_grow_s: int
+    extend_time_limit_on_shrink: bool
+    max_time_limit_extension_s: int
     free_node_reserve: int
     reclaim_reserve: bool
     paused: bool

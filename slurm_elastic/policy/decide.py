@@ -24,6 +24,7 @@ output whatever the order of units, jobs and nodes in it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from types import MappingProxyType
 
@@ -32,7 +33,7 @@ from slurm_elastic.policy.errors import PolicyInputError
 from slurm_elastic.policy.evaluate import evaluate
 from slurm_elastic.policy.model import Decision, GrowPlan, PolicyInput, ShrinkPlan
 from slurm_elastic.policy.reasons import Action, Basis, Reason
-from slurm_elastic.policy.shrink import plan_shrink
+from slurm_elastic.policy.shrink import plan_shrink, time_limit_extension_s
 from slurm_elastic.policy.walk import Walk
 from slurm_elastic.policy.work import Context, UnitWork
 
@@ -112,22 +113,27 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
 
     if w.taken > 0:  # a shrink: metric-driven, to admit a pending job, or both
         plan = plan_shrink(unit, w.removal(), w.taken, tuple(w.admits))
+        add_s, extend = _time_limit_extension(w, ctx)
+        if add_s:
+            plan = replace(plan, time_limit_add_s=add_s)
         if w.reclaim_taken and not w.admit_taken:
             assert s is not None
             msg = (f"gives back {w.reclaim_taken} node(s) above min {unit.min_nodes} so that partition "
                    f"{job.partition} keeps free_node_reserve {s.free_node_reserve} ({s.source('free_node_reserve')})")
             if w.action is Action.SHRINK:
                 msg += f"; also {w.reason}: {w.message}"
-            return make(Action.SHRINK, w.current - w.taken, Reason.RESERVE_RECLAIM, msg, Basis.RESERVE, shrink=plan)
+            return make(Action.SHRINK, w.current - w.taken, Reason.RESERVE_RECLAIM, msg + extend, Basis.RESERVE,
+                        shrink=plan)
         if not w.admit_taken:
-            return make(Action.SHRINK, w.current - w.taken, w.reason, w.message, w.basis, shrink=plan)
+            return make(Action.SHRINK, w.current - w.taken, w.reason, w.message + extend, w.basis, shrink=plan)
         ids = ", ".join(str(j) for j in w.admits)
         w.inputs["admits"] = ids
         msg = (f"gives back {w.admit_taken} node(s) above min {unit.min_nodes} so that pending job(s) {ids} "
                f"(priority {w.admit_priority} > {job.priority}) can start")
         if w.action is Action.SHRINK:
             msg += f"; also {w.reason}: {w.message}"
-        return make(Action.SHRINK, w.current - w.taken, Reason.SHRINK_TO_ADMIT, msg, Basis.QUEUE, shrink=plan)
+        return make(Action.SHRINK, w.current - w.taken, Reason.SHRINK_TO_ADMIT, msg + extend, Basis.QUEUE,
+                    shrink=plan)
     if w.action is Action.GROW and w.granted:
         remaining = job.remaining_seconds(ctx.now)
         grow = GrowPlan(
@@ -139,6 +145,33 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
     if w.action is Action.GROW:  # refused by the walk
         return make(Action.HOLD, w.current, w.final or Reason.NO_FREE_NODES, w.message, w.basis)
     return make(Action.HOLD, w.current, w.reason, w.message, w.basis)
+
+
+def _time_limit_extension(w: UnitWork, ctx: Context) -> tuple[int, str]:
+    """extend_time_limit_on_shrink: seconds to add to the shrinking unit's time limit, and the message suffix.
+
+    Records the numbers in the unit's inputs. (0, '') when off, or for a job without a limit.
+    """
+    s = w.settings
+    if s is None or not s.extend_time_limit_on_shrink:
+        return 0, ""
+    remaining = w.unit.job.remaining_seconds(ctx.now)
+    if remaining is None:
+        return 0, ""
+    after = w.current - w.taken
+    add = time_limit_extension_s(remaining, w.current, after, s.max_time_limit_extension_s)
+    w.inputs["remaining_s"] = round(remaining, 1)
+    w.inputs["time_limit_add_s"] = add
+    w.inputs["max_time_limit_extension_s"] = s.max_time_limit_extension_s
+    w.inputs["max_time_limit_extension_s.source"] = s.source("max_time_limit_extension_s")
+    if add <= 0:
+        return 0, ""
+    uncapped = time_limit_extension_s(remaining, w.current, after, _NO_CAP)
+    capped = " (capped by max_time_limit_extension_s)" if add < uncapped else ""
+    return add, f"; time limit +{add // 60}min: {remaining:.0f}s left x ({w.current}/{after} - 1){capped}"
+
+
+_NO_CAP = 1 << 62
 
 
 def _cap(decisions: list[Decision], cap: int) -> list[Decision]:

@@ -180,6 +180,8 @@ class PolicyInput:
     utilization: Mapping[int, JobUtilization] = field(default_factory=dict, hash=False)
     history: tuple[ResizeRecord, ...] = ()
     account_shares: Mapping[str, float] = field(default_factory=dict, hash=False)
+    #: Slurm's GPU limits by scope (``account:nlp``, ``qos:high``, ...; see policy/gpulimits.py): grows stay within
+    gpu_limits: Mapping[str, int] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,8 @@ class ShrinkPlan:
     2. shrink ``shrink_extension`` in place, when only part of an extension job goes;
     3. ``scontrol update JobId=<unit> NodeList=<leader_keep_nodes>`` when set (the keep host always stays).
     ``released_nodes`` lists every node given back. ``admits`` names the pending jobs a SHRINK_TO_ADMIT is for.
+    ``time_limit_add_s``: seconds to add to the unit's time limit once the nodes are gone (0: leave it as is;
+    extend_time_limit_on_shrink), so that its remaining work still fits at the smaller size.
     """
 
     cancel_extensions: tuple[int, ...]
@@ -239,6 +243,7 @@ class ShrinkPlan:
     leader_keep_nodes: tuple[str, ...] | None
     released_nodes: tuple[str, ...]
     admits: tuple[int, ...] = ()
+    time_limit_add_s: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -249,6 +254,7 @@ class ShrinkPlan:
             "leader_keep_nodes": None if self.leader_keep_nodes is None else list(self.leader_keep_nodes),
             "released_nodes": list(self.released_nodes),
             "admits": list(self.admits),
+            "time_limit_add_s": self.time_limit_add_s,
         }
 
 

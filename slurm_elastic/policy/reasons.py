@@ -65,7 +65,13 @@ class Reason(enum.StrEnum):
     RESTART_COST = "RESTART_COST"
     LOW_MARGINAL_EFFICIENCY = "LOW_MARGINAL_EFFICIENCY"
     QUOTA_REACHED = "QUOTA_REACHED"
+    # Slurm-side losses (issue 9): recorded by the controller's shell (controller/losses.py), never by decide()
+    PREEMPTED_BY_SLURM = "PREEMPTED_BY_SLURM"
+    NODE_FAILURE = "NODE_FAILURE"
 
+
+#: Reasons the controller's shell records (controller/losses.py) and ``decide()`` never returns.
+SHELL_REASONS = frozenset({Reason.PREEMPTED_BY_SLURM, Reason.NODE_FAILURE})
 
 #: One line per reason, for docs/policy.md and ``explain --reasons``.
 REASON_DOCS: dict[Reason, str] = {
@@ -102,7 +108,12 @@ REASON_DOCS: dict[Reason, str] = {
     Reason.RESTART_COST: "hold: the expected gain over the remaining time does not exceed the restart cost",
     Reason.LOW_MARGINAL_EFFICIENCY: "hold or shrink: measured or predicted marginal efficiency is below "
     "goodput_min_marginal_efficiency",
-    Reason.QUOTA_REACHED: "hold (or smaller grow): the account's or QOS's max_extension_nodes quota is used up",
+    Reason.QUOTA_REACHED: "hold (or smaller grow): the account's or QOS's max_extension_nodes quota, or a Slurm "
+    "GPU limit (GrpTRES, MaxTRESPerUser/PerAccount gres/gpu), is used up",
+    Reason.PREEMPTED_BY_SLURM: "shrink, recorded by the controller: Slurm preempted an extension job (state "
+    "PREEMPTED); counts as a resize, so the cooldown follows",
+    Reason.NODE_FAILURE: "shrink, recorded by the controller: a node under an extension job went DOWN (or the "
+    "job ended NODE_FAIL); counts as a resize, so the cooldown follows",
 }
 
 

@@ -98,6 +98,12 @@ KEYS: tuple[KeyDef, ...] = (
            "no resize during this long after the job started"),
     KeyDef("min_remaining_for_grow_s", Kind.DURATION, 900, 0, _YEAR, ALL_SCOPES,
            "no grow when less than this much of the time limit remains"),
+    KeyDef("extend_time_limit_on_shrink", Kind.BOOL, True, None, None, ALL_SCOPES,
+           "when a shrink takes nodes from a job with a time limit, add remaining x (nodes before / nodes after "
+           "- 1) to the limit (scontrol update TimeLimit=) so that its remaining work still fits at linear "
+           "scaling: nodes x remaining time stays the same"),
+    KeyDef("max_time_limit_extension_s", Kind.DURATION, _DAY, 0, _YEAR, ALL_SCOPES,
+           "most seconds one shrink adds to a job's time limit (extend_time_limit_on_shrink)"),
     KeyDef("free_node_reserve", Kind.INT, 0, 0, MAX_NODES, frozenset({Scope.GLOBAL, Scope.PARTITION}),
            "free nodes a grow must leave in each partition (a global value applies to every partition)"),
     KeyDef("reclaim_reserve", Kind.BOOL, False, None, None, frozenset({Scope.GLOBAL, Scope.PARTITION}),

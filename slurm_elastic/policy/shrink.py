@@ -8,6 +8,7 @@ an extension job that loses only part of its nodes is shrunk in place and keeps 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -75,3 +76,17 @@ def plan_shrink(unit: ElasticUnit, order: list[Removable], amount: int, admits: 
         released_nodes=tuple(r.node for r in gone),
         admits=admits,
     )
+
+
+def time_limit_extension_s(remaining_s: float | None, before: int, after: int, cap_s: int) -> int:
+    """Seconds to add to a job's time limit when it shrinks from ``before`` to ``after`` nodes.
+
+    At worst linear scaling the remaining work takes ``before / after`` times as long on fewer nodes, so the
+    limit grows by ``remaining * (before / after - 1)``: nodes x time left stays what it was. Rounded up to
+    whole minutes (Slurm's unit), at most ``cap_s`` rounded down to whole minutes. No limit (None), no time
+    left, or no shrink: 0.
+    """
+    if remaining_s is None or remaining_s <= 0 or after <= 0 or after >= before:
+        return 0
+    minutes = math.ceil(remaining_s * (before - after) / after / 60 - 1e-9)
+    return min(minutes, cap_s // 60) * 60

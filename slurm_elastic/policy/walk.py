@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from slurm_elastic.policy.capacity import FreeGres, Need, NodePool, Status, add_gres, fits, free_gres, need_of
-from slurm_elastic.policy.fairshare import split_spare
+from slurm_elastic.policy.fairshare import account_weight, split_spare
+from slurm_elastic.policy.gpulimits import GpuLimitTracker
 from slurm_elastic.policy.model import PolicyInput
 from slurm_elastic.policy.reasons import Action, Reason
 from slurm_elastic.policy.work import NO_ACCOUNT, Context, UnitWork
@@ -94,6 +95,7 @@ class Walk:
     demand: dict[str, dict[str, int]] = field(default_factory=dict)  # partition -> account -> nodes wanted
     fair: dict[str, dict[str, int]] = field(default_factory=dict)  # partition -> account -> nodes left
     first_reserver: dict[str, Job] = field(default_factory=dict)
+    gpu: GpuLimitTracker = field(init=False)  # Slurm's GPU limits (GrpTRES...) as quotas: policy/gpulimits.py
 
     def __post_init__(self) -> None:
         snap = self.inp.snapshot
@@ -113,6 +115,7 @@ class Walk:
             self.ext_by_qos[qos] = self.ext_by_qos.get(qos, 0) + held
         self.pool = NodePool(snap.nodes, frozenset(taken))
         self.info = _NodeInfo(snap.nodes)
+        self.gpu = GpuLimitTracker(self.inp.gpu_limits, snap.jobs, self.inp.units)
         for node in snap.nodes:
             for part in node.partitions:
                 if part not in self.reserves:
@@ -321,12 +324,23 @@ class Walk:
             if quota - held < want:
                 want = quota - held
                 limits.append(f"{label} quota")
+        gpn = job.gpus_per_node()
+        if self.gpu.active and gpn > 0:
+            allowed, why = self.gpu.cap(job, gpn, want, w.inputs)
+            if allowed <= 0:
+                self._refuse(w, Reason.QUOTA_REACHED, f"{why}: Slurm would leave an extension job pending")
+                return
+            if allowed < want:
+                want = allowed
+                limits.append(why)
         if s.fair_share:
             if part not in self.fair:
                 spare = max(0, pool.free_count(part) - self.reserves.get(part, 0))
                 self.fair[part] = split_spare(spare, self.demand.get(part, {}), self.inp.account_shares)
             left = self.fair[part].get(account, 0)
             w.inputs["fair_share_nodes_left"] = left
+            w.inputs["account_weight"] = round(account_weight(self.inp.account_shares, account), 6)
+            w.inputs["account_weight.source"] = "account_shares" if account in self.inp.account_shares else "default"
             if left <= 0:
                 self._refuse(w, Reason.FAIR_SHARE_LIMIT,
                              f"account {account} has used its fair share of partition {part}'s spare nodes")
@@ -349,5 +363,6 @@ class Walk:
         w.granted = got
         self.ext_by_account[account] = self.ext_by_account.get(account, 0) + len(got)
         self.ext_by_qos[qos] = self.ext_by_qos.get(qos, 0) + len(got)
+        self.gpu.commit(job, len(got) * gpn)
         if s.fair_share:
             self.fair[part][account] -= len(got)

@@ -74,11 +74,16 @@ class ClusterSnapshot:
 
 @dataclass(frozen=True)
 class ResizeRequest:
-    """Ask the engine to bring a running job to ``target_nodes`` whole nodes."""
+    """Ask the engine to bring a running job to ``target_nodes`` whole nodes.
+
+    ``time_limit_add_s``: seconds added to the job's time limit when the resize is applied (what the controller
+    does with ``scontrol update TimeLimit=`` after a shrink; extend_time_limit_on_shrink).
+    """
 
     job_id: str
     target_nodes: int
     reason: str = ""
+    time_limit_add_s: float = 0.0
 
 
 @dataclass(frozen=True)

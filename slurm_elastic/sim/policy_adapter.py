@@ -32,8 +32,10 @@ Modelling rules (docs/simulator.md, "The production policy in the simulator", sa
   resize its observed restart time (the simulator's resize cost) is reported as ``restart_s``.
 * **Time limits.** The policy sees the time limit the base scheduler trusts (``--walltime-factor`` times the
   modelled runtime at the requested size, or the trace's own), as Slurm would; ``AdapterSettings(time_limits=
-  False)`` shows every job as UNLIMITED instead. Nothing extends a limit when a job shrinks (neither does the
-  controller), and the simulator never kills a job that overruns it.
+  False)`` shows every job as UNLIMITED instead. A shrink's ``time_limit_add_s`` (extend_time_limit_on_shrink)
+  is added to the job's limit when the engine applies it, as the controller does with ``scontrol update
+  TimeLimit=``, so the policy and the base scheduler's backfill both see the new limit. The simulator never
+  kills a job that overruns its limit (the optimistic case).
 * **Grace.** A shrink is applied ``grace_s`` after the decision (the job gets its signal, then loses nodes),
   at the first cycle at or after that; the unit takes no other decision meanwhile.
 * **History.** Each action is journalled at decision time (any outcome starts the cooldown), then marked
@@ -209,6 +211,7 @@ class _Inflight:
     due: float  # when the engine is asked (after the grace period for a shrink)
     sent: bool = False
     admits: tuple[int, ...] = ()
+    time_limit_add_s: int = 0
 
 
 class ProductionPolicy:
@@ -439,12 +442,14 @@ class ProductionPolicy:
                                   to_nodes=d.target_nodes, outcome=Outcome.INTENT, reason=str(d.reason))
             self._journal(record, admits)
             due = now + (d.grace_s if d.action is Action.SHRINK else 0)
-            self._inflight[trace_id] = _Inflight(record, d.target_nodes, due, admits=admits)
+            add = d.shrink.time_limit_add_s if d.shrink is not None else 0
+            self._inflight[trace_id] = _Inflight(record, d.target_nodes, due, admits=admits, time_limit_add_s=add)
         for trace_id, flight in self._inflight.items():
             if not flight.sent and flight.due <= now:
                 flight.sent = True
                 flight.due = now
-                out.append(ResizeRequest(trace_id, flight.target, flight.record.reason))
+                out.append(ResizeRequest(trace_id, flight.target, flight.record.reason,
+                                         time_limit_add_s=flight.time_limit_add_s))
         return out
 
 

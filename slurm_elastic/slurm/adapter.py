@@ -24,6 +24,17 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from slurm_elastic.slurm import hostlist
+from slurm_elastic.slurm.accounting import (
+    ASSOC_FIELDS,
+    QOS_FIELDS,
+    SSHARE_FIELDS,
+    GpuLimits,
+    account_weights,
+    parse_assoc_limits,
+    parse_cluster_name,
+    parse_qos_limits,
+    parse_sshare,
+)
 from slurm_elastic.slurm.errors import SlurmCommandError, SlurmError, SlurmParseError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job, Node, Partition
 from slurm_elastic.slurm.openapi import parse_nodes, parse_squeue
@@ -47,6 +58,7 @@ class SlurmControl(SlurmReader, Protocol):
     """Everything the controller may do to Slurm."""
 
     def shrink(self, job: Job, keep_nodes: Sequence[str]) -> None: ...
+    def extend_time_limit(self, job: Job, add_min: int) -> int: ...
     def signal(self, job_id: int, signal: str, *, batch_only: bool = False) -> None: ...
     def cancel(self, job_id: int) -> None: ...
     def submit_as(
@@ -78,6 +90,7 @@ class SlurmCli:
 
     def __init__(self, commands: SlurmCommands | None = None) -> None:
         self.cmd = commands or SlurmCommands()
+        self._cluster: tuple[str | None] | None = None  # ClusterName, once read
 
     # --- read ------------------------------------------------------------------------------------------
     def _json(self, argv: Sequence[str]) -> object:
@@ -121,6 +134,30 @@ class SlurmCli:
         """The job's batch script text (``scontrol write batch_script ID -``)."""
         return self.cmd.run(["scontrol", "write", "batch_script", str(int(job_id)), "-"]).stdout
 
+    # --- accounting: fair-share weights and GPU limits (slurm_elastic/slurm/accounting.py) ----------------
+    #: These reads feed a cache that keeps its last good values, so they are tried once, with a short timeout:
+    #: a cycle must not wait out retries while slurmdbd is down.
+    ACCOUNTING_TIMEOUT_S = 10.0
+
+    def _accounting(self, argv: Sequence[str]) -> str:
+        return self.cmd.run(argv, timeout=self.ACCOUNTING_TIMEOUT_S, retry_transient=False).stdout
+
+    def account_shares(self) -> dict[str, float]:
+        """Per account: its effective normalized shares from ``sshare`` (the fair-share weight)."""
+        return account_weights(parse_sshare(self._accounting(["sshare", "-P", "-o", ",".join(SSHARE_FIELDS)])))
+
+    def cluster_name(self) -> str | None:
+        """This cluster's ``ClusterName`` (read once: it never changes while slurmctld runs)."""
+        if self._cluster is None:
+            self._cluster = (parse_cluster_name(self._accounting(["scontrol", "show", "config"])),)
+        return self._cluster[0]
+
+    def gpu_limits(self) -> GpuLimits:
+        """GrpTRES ``gres/gpu`` limits of this cluster's associations, and the QOSes' GPU limits."""
+        assoc = self._accounting(["sacctmgr", "-n", "-P", "show", "assoc", f"format={','.join(ASSOC_FIELDS)}"])
+        qos = self._accounting(["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(QOS_FIELDS)}"])
+        return GpuLimits(assocs=parse_assoc_limits(assoc, self.cluster_name()), qos=parse_qos_limits(qos))
+
     # --- act -------------------------------------------------------------------------------------------
     def shrink(self, job: Job, keep_nodes: Sequence[str]) -> None:
         """Keep exactly ``keep_nodes`` of a running job (or het component), releasing the others."""
@@ -138,6 +175,22 @@ class SlurmCli:
             raise ResizeRefusedError(f"job {job.display_id}: {len(keep)} nodes is not a shrink")
         # The raw id, never "leader+offset": scontrol refuses JobId=8+1 for updates (measured on 22.05).
         self.cmd.run(["scontrol", "update", f"JobId={job.job_id}", f"NodeList={hostlist.compress(keep)}"])
+
+    def extend_time_limit(self, job: Job, add_min: int) -> int:
+        """Raise a job's time limit by ``add_min`` minutes (after a shrink); returns the new limit in minutes.
+
+        Sets the absolute value ``TimeLimit=<limit in the snapshot + add_min>`` rather than scontrol's
+        ``TimeLimit=+N`` (also accepted by 22.05): a transient failure is retried, and a retried increment whose
+        first attempt did reach slurmctld would add twice. Needs root or SlurmUser (users may only lower limits).
+        """
+        if job.time_limit_min is None:
+            raise ResizeRefusedError(f"job {job.display_id} has no time limit to extend")
+        if add_min < 1:
+            raise ResizeRefusedError(f"job {job.display_id}: a time limit extension must be at least 1 minute")
+        new = int(job.time_limit_min) + int(add_min)
+        # The raw id, as for shrink: a het component is addressed by its own job id.
+        self.cmd.run(["scontrol", "update", f"JobId={int(job.job_id)}", f"TimeLimit={new}"])
+        return new
 
     def signal(self, job_id: int, signal: str, *, batch_only: bool = False) -> None:
         """Send ``signal`` to the job's batch shell and all its steps (``--full``) or the batch shell only."""

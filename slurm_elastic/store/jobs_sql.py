@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from datetime import datetime
 
-from slurm_elastic.store.database import Database
+from sqlalchemy import or_, select
+
+from slurm_elastic.store.database import Database, require_aware
 from slurm_elastic.store.errors import StoreInputError
 from slurm_elastic.store.models import ElasticJobColumns, ExtensionJobColumns
 from slurm_elastic.store.records import ElasticJobRecord, ExtensionRecord, JobObservation, SpecSource
@@ -161,14 +163,18 @@ class SqlJobs:
                             .order_by(E.job_id).limit(1)).scalar_one_or_none()
             return None if row is None else extension_record(row)
 
-    def extensions(self, parent_job_id: int | None = None, *, active_only: bool = True) -> list[ExtensionRecord]:
-        """Extension jobs, newest first (shrink takes back the newest first)."""
+    def extensions(self, parent_job_id: int | None = None, *, active_only: bool = True,
+                   ended_since: datetime | None = None) -> list[ExtensionRecord]:
+        """Extension jobs, newest first (shrink takes back the newest first). ``ended_since``: the active ones
+        and those that ended at or after it (ignored with ``active_only``)."""
         E = self._db.models.extension_job
         stmt = select(E)
         if parent_job_id is not None:
             stmt = stmt.where(E.parent_job_id == parent_job_id)
         if active_only:
             stmt = stmt.where(E.ended_at.is_(None))
+        elif ended_since is not None:
+            stmt = stmt.where(or_(E.ended_at.is_(None), E.ended_at >= require_aware(ended_since, "ended_since")))
         with self._db.read("list extension jobs") as s:
             return [extension_record(r) for r in s.execute(stmt.order_by(E.created_at.desc(),
                                                                           E.job_id.desc())).scalars()]

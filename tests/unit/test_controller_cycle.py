@@ -14,6 +14,7 @@ from slurm_elastic.controller.collect import CollectResult
 from slurm_elastic.controller.config import ControllerConfig, parse_controller_config
 from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.extension import ExtensionTag
+from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import parse_config
 from slurm_elastic.slurm.model import ClusterSnapshot, GresCount, Job, Node, Partition
@@ -69,6 +70,12 @@ class FakeSlurm:
     def shrink(self, job: Job, keep_nodes: Sequence[str]) -> None:
         self.calls.append(("shrink", (job.job_id, tuple(keep_nodes))))
         self.jobs[job.job_id] = replace(job, nodes=tuple(keep_nodes), node_count=len(keep_nodes))
+
+    def extend_time_limit(self, job: Job, add_min: int) -> int:
+        self.calls.append(("extend", (job.job_id, add_min)))
+        new = (job.time_limit_min or 0) + add_min
+        self.jobs[job.job_id] = replace(self.jobs[job.job_id], time_limit_min=new)
+        return new
 
     def signal(self, job_id: int, signal: str, *, batch_only: bool = False) -> None:
         self.calls.append(("signal", (job_id, signal)))
@@ -259,23 +266,46 @@ decisions_days = 0
     assert cfg.agents.url_for("n9", "x") == "http://10.0.0.9:1234"
 
 
-def test_shrink_to_admit_backs_off_when_slurm_does_not_start_the_admitted_job() -> None:
-    """The journal remembers which pending job a shrink-to-admit was for; when Slurm starts something else (or
-    nothing), the controller does not shrink again for that job within admit_backoff_s."""
+def _admit_world(backoff_s: int = 120) -> tuple[Controller, FakeSlurm, Agents, FakeClock, SqlStore]:
     clock = FakeClock(T0)
     store = memory_store(clock)
     slurm = FakeSlurm(clock)
     agents = Agents(clock)
     policy = parse_config("version = 1\nwindow_s = 10\ncooldown_s = 10\ngrace_s = 4\nmin_samples = 3\n"
                           "max_metric_age_s = 30\nstartup_protection_s = 0\nmin_remaining_for_grow_s = 0\n"
-                          "shrink_to_admit = true\nadmit_backoff_s = 120\n")
+                          f"shrink_to_admit = true\nadmit_backoff_s = {backoff_s}\n")
     ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,  # type: ignore[arg-type]
-                     store=store, collector=agents, clock=clock)
+                     store=store, collector=agents, clock=clock, metrics=ControllerMetrics())
     slurm.add_job(10, ["n1", "n2", "n3"])
     agents.util.update({(n, 10): 60.0 for n in ("n1", "n2", "n3")})  # in band: no metric-driven resize
     pending = slurm.add_job(50, ["n4"])
     slurm.jobs[50] = replace(pending, state="PENDING", state_reason="Resources", nodes=(), batch_host=None,
                              node_count=2, priority=1000, qos="high", start_time=None)
+    return ctl, slurm, agents, clock, store
+
+
+def _admits(ctl: Controller, outcome: str) -> float:
+    assert ctl.metrics is not None
+    return ctl.metrics.registry.get_sample_value("slurm_elastic_controller_admits_total", {"outcome": outcome}) or 0
+
+
+def test_an_admitted_job_that_starts_is_followed_and_counted_once(caplog: pytest.LogCaptureFixture) -> None:
+    ctl, slurm, agents, clock, store = _admit_world()
+    caplog.set_level("INFO")
+    run(ctl, clock, 10)
+    assert slurm.jobs[10].node_count == 2
+    slurm.jobs[50] = replace(slurm.jobs[50], state="RUNNING", state_reason=None, nodes=("n3", "n4"),
+                             start_time=clock())  # Slurm starts it on the freed node and the free one
+    run(ctl, clock, 10)
+    assert _admits(ctl, "started") == 1 and _admits(ctl, "not_started") == 0
+    assert "job 50 started on n3,n4" in caplog.text
+
+
+def test_shrink_to_admit_backs_off_when_slurm_does_not_start_the_admitted_job(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The journal remembers which pending job a shrink-to-admit was for; when Slurm starts something else (or
+    nothing), the controller warns once and does not shrink again for that job within admit_backoff_s."""
+    ctl, slurm, agents, clock, store = _admit_world()
     run(ctl, clock, 10)  # the grace, then the shrink 3->2 for job 50
     shrinks = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]
     assert [(a.params["from"], a.params["to"], a.params["admits"]) for a in shrinks] == [(3, 2, [50])]
@@ -284,6 +314,7 @@ def test_shrink_to_admit_backs_off_when_slurm_does_not_start_the_admitted_job() 
     run(ctl, clock, 40)  # 80 s: several cooldowns, still inside the backoff
     shrinks = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]
     assert len(shrinks) == 1
+    assert _admits(ctl, "not_started") == 1 and caplog.text.count("job 50 did not start within") == 1
     assert "admit" not in " ".join(d.message for d in store.decisions.list_decisions(DecisionFilter(job_id=10))
                                    if d.time > shrinks[0].finished_at)  # type: ignore[operator]
     run(ctl, clock, 30)  # past the backoff, job 50 still waits: one more node goes (its min 1 is kept)
