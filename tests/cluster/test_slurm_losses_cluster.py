@@ -249,3 +249,52 @@ def test_node_failure_under_an_extension_is_recorded_and_the_job_regrows_when_th
     assert old.state == "NODE_FAIL" and old.ended_at is not None
     print(f"\nnode failure: slurmd on {victim} SIGKILLed; Slurm ended extension {ext_id} NODE_FAIL, recorded after "
           f"{detected_s:.0f}s; regrew onto {victim} after it returned")
+
+
+def test_a_leader_with_no_kill_survives_a_non_batch_node_failure_and_is_made_whole_again(
+        stack: Agents, tmp_path: Path) -> None:
+    """c. The leader job itself (submitted with --no-kill, as the templates do) loses its non-batch node: Slurm
+    drops the node from the job and the job goes on at 1 node (measured on 22.05). The controller records
+    NODE_FAILURE against the leader, once, and when the node is back grows the unit to its min again with an
+    extension job. The node is marked DOWN by hand right after its slurmd is killed: Slurm's own detection of
+    a dead node (SlurmdTimeout, ~95 s) is what test b measures; here it would only make the test slower."""
+    cluster = stack.cluster
+    filler = cluster.submit("#!/bin/bash\nsleep 900\n", "-N2", "--nodelist=n3,n4", "--gres=gpu:4", "--time=30",
+                            user="bob")
+    cluster.wait_state(filler, {"RUNNING"})
+    directives = "#ELASTIC --min-nodes 2 --max-nodes 2 --window 10s --grace 3s --signal USR2"
+    job = cluster.submit(elastic_script(60, directives, marker_file(cluster)), "-N2", "--no-kill",
+                         "--nodelist=n1,n2", "--gres=gpu:4", "--time=60", user="alice")
+    cluster.wait_state(job, {"RUNNING"})
+    rec = cluster.job_record(job)
+    assert rec is not None and rec["batch_host"] == "n1"
+    victim = "n2"
+    killed = False
+    try:
+        with running_controller(cluster, _config(tmp_path, stack, qos="")) as ctl:
+            wait_until("the controller to know the job", lambda: any(
+                d.reason == "IN_BAND" for d in ctl.decisions(job)), 60, ctl)
+            os.kill(int((cluster.root / "run" / f"slurmd-{victim}.pid").read_text().split()[0]), signal.SIGKILL)
+            killed = True
+            cluster.run(["scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=leader-loss-test"])
+            wait_until("NODE_FAILURE recorded for the leader", lambda: losses(ctl, job), 60, ctl)
+            (loss,) = losses(ctl, job)
+            leader_state, leader_nodes = cluster.job_state(job), node_count(cluster, job)
+            subprocess.run(["slurmd", "-N", victim], env=cluster.env, check=True, timeout=60)
+            wait_until(f"{victim} back in service", lambda: _node_state(cluster, victim) in {
+                "idle", "mixed", "allocated"}, 60, ctl)
+            wait_until("an extension job on the returned node", lambda: [
+                e for e in extensions_of(cluster, job, {"RUNNING"}) if e["nodes"] == victim], 120, ctl)
+            grows = ctl.applied(job, ActionKind.GROW)
+            grow_decisions = [d for d in ctl.decisions(job) if d.action == "grow"]
+    finally:
+        if killed:
+            _restore_node(cluster, victim)
+    assert leader_state == "RUNNING" and leader_nodes == 1  # --no-kill: the job went on without n2
+    assert (loss.action, loss.reason, loss.current_nodes, loss.target_nodes) == ("shrink", "NODE_FAILURE", 2, 1)
+    assert loss.inputs["extension_job"] == job and loss.inputs["lost_nodes"] == [victim]
+    assert "leader job" in loss.message
+    assert len(losses(ctl, job)) == 1
+    assert len(grows) == 1 and grows[0].params["nodes"] == [victim]
+    assert grow_decisions and grow_decisions[-1].reason == "BELOW_MIN"
+    print(f"\nleader node failure: {victim} lost under leader {job} (--no-kill), recorded; regrown onto {victim}")

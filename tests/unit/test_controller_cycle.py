@@ -166,7 +166,7 @@ def test_idle_job_gets_the_signal_then_loses_nodes_after_grace(world: tuple) -> 
     shrinks = [c for c in slurm.calls if c[0] == "shrink"]
     assert shrinks == [("shrink", (20, ("n1", "n2")))]
     assert store.journal.get(action.id).state == ActionState.APPLIED
-    assert store.journal.get(action.id).finished_at >= signalled_at  # type: ignore[operator]
+    assert store.journal.get(action.id).finished_at >= signalled_at
 
 
 def test_dry_run_decides_but_never_calls_slurm(world: tuple) -> None:  # type: ignore[type-arg]
