@@ -408,7 +408,16 @@ class Controller:
 
     # --- reconcile ------------------------------------------------------------------------------------------
     def reconcile(self, older_than: timedelta = timedelta(seconds=0)) -> list[str]:
-        """Bring the journal and Slurm back in agreement (after a crash, or drift). Returns what it did."""
+        """Bring the journal and Slurm back in agreement (after a crash, or drift). Returns what it did.
+        A locked or full DB, or Slurm failing mid-way, ends this pass with one error line (like a cycle): what
+        was done is journaled, the rest is picked up by the next pass."""
+        try:
+            return self._reconcile(older_than)
+        except (StoreError, SlurmError) as e:
+            log.error("reconcile pass stopped, retried at the next one: %s", e)
+            return []
+
+    def _reconcile(self, older_than: timedelta) -> list[str]:
         if self._hold_lease() is None:
             return []
         snap = self._snapshot()

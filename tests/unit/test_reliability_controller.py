@@ -137,7 +137,9 @@ def test_locked_database_no_action_clear_error_then_recovers(tmp_path: Path, cap
     try:
         with caplog.at_level(logging.ERROR):
             run(ctl, clock, 10)  # must not raise
+            assert ctl.reconcile() == []  # nor the reconcile pass: one error line, retried at the next pass
         assert not any(c[0] == "submit" for c in slurm.calls)
+        assert any("reconcile pass stopped" in r.getMessage() for r in caplog.records)
         assert any("lock" in r.getMessage().lower() for r in caplog.records if r.levelno >= logging.ERROR)
     finally:
         locker.execute("ROLLBACK")
