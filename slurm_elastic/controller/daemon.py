@@ -12,7 +12,8 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +32,31 @@ from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.store import SqlStore
 
 log = logging.getLogger(__name__)
+
+
+class OverlapSummary(logging.Filter):
+    """APScheduler warns "maximum number of running instances reached" on every interval while a run is still
+    going (a Slurm outage makes squeue block). The controller logs the outage itself, once; this filter lets one
+    such warning through per ``every_s`` and says how many it held back since."""
+
+    def __init__(self, every_s: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.clock = clock
+        self._last: float | None = None
+        self.suppressed = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "maximum number of running instances reached" not in record.getMessage():
+            return True
+        now = self.clock()
+        if self._last is not None and now - self._last < self.every_s:
+            self.suppressed += 1
+            return False
+        if self.suppressed:
+            record.msg = f"{record.msg} ({self.suppressed} more since the last such warning)"
+        self._last, self.suppressed = now, 0
+        return True
 
 
 def load_policy(cfg: ControllerConfig, store: SqlStore) -> tuple[PolicyConfig, str]:
@@ -160,6 +186,8 @@ def run(config_path: Path, *, once: bool = False, dry_run: bool | None = None) -
     started = datetime.now(tz=UTC)
     ctl.reconcile()
     sched = BlockingScheduler(executors={"default": ThreadPoolExecutor(1)}, timezone="UTC")
+    overlap = OverlapSummary()
+    logging.getLogger("apscheduler.scheduler").addFilter(overlap)
     lock = threading.Lock()
 
     def cycle() -> None:

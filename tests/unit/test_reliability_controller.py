@@ -253,3 +253,23 @@ def test_shrink_after_a_crash_before_the_grace_signal_never_takes_nodes_unwarned
     assert "shrink" in kinds  # it did shrink in the end ...
     assert kinds.index("signal") < kinds.index("shrink")  # ... but only after the job was warned
     assert store.journal.get(intent.id).state == ActionState.ABORTED
+
+
+def test_scheduler_overlap_warnings_are_rate_limited_with_a_count() -> None:
+    from slurm_elastic.controller.daemon import OverlapSummary
+
+    now = [0.0]
+    f = OverlapSummary(every_s=600, clock=lambda: now[0])
+
+    def rec(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("apscheduler.scheduler", logging.WARNING, __file__, 1, msg, None, None)
+
+    skipped = 'Execution of job "cycle" skipped: maximum number of running instances reached (1)'
+    assert f.filter(rec(skipped))
+    for _ in range(99):
+        now[0] += 2
+        assert not f.filter(rec(skipped))
+    assert f.filter(rec("Run time of job was missed"))  # other warnings always pass
+    now[0] += 600
+    first = rec(skipped)
+    assert f.filter(first) and "(99 more since the last such warning)" in first.getMessage()
