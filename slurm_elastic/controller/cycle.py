@@ -208,7 +208,7 @@ class Controller:
         history = self._history(units, now) + self.losses.history(units, now)
         policy = with_paused_jobs(self.policy, paused_units(built.units, self.store.pauses.list_pauses()))
         decisions = decide(PolicyInput(snap, tuple(built.units), utilization, history, self.accounting.shares(),
-                                       self.accounting.gpu_limits()), policy, now)
+                                       self.accounting.gpu_limits(), self.cfg.extension_qos or None), policy, now)
         summary.decisions = decisions
         if self.metrics is not None:
             self._cycle_metrics(self.metrics, snap, built.units, utilization, decisions, now=now)

@@ -23,6 +23,7 @@ Accounts are matched by name only: a parent account's limit is not applied to it
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from slurm_elastic.policy.model import ElasticUnit, Scalar
 from slurm_elastic.slurm.model import Job
@@ -74,7 +75,8 @@ def _job_gpus(job: Job) -> int:
 class GpuLimitTracker:
     """GPU usage per limited scope during one walk; :meth:`cap` before a grant, :meth:`commit` after it."""
 
-    def __init__(self, limits: Mapping[str, int], jobs: Iterable[Job], units: Iterable[ElasticUnit]) -> None:
+    def __init__(self, limits: Mapping[str, int], jobs: Iterable[Job], units: Iterable[ElasticUnit],
+                 extension_qos: str | None = None) -> None:
         self.limits = {k: int(v) for k, v in limits.items() if v is not None and v >= 0}
         self.used: dict[str, int] = {}
         if not self.limits:
@@ -84,8 +86,10 @@ class GpuLimitTracker:
                 self._add(job, _job_gpus(job))
         for unit in units:
             pending = sum(e.node_count for e in unit.extensions if e.is_pending)
-            if pending:
-                self._add(unit.job, pending * unit.job.gpus_per_node())
+            if pending:  # our pending extensions will count in the QOS they were submitted in
+                leader = unit.job
+                as_ext = replace(leader, qos=extension_qos) if extension_qos else leader
+                self._add(as_ext, pending * leader.gpus_per_node())
 
     @property
     def active(self) -> bool:

@@ -182,6 +182,9 @@ class PolicyInput:
     account_shares: Mapping[str, float] = field(default_factory=dict, hash=False)
     #: Slurm's GPU limits by scope (``account:nlp``, ``qos:high``, ...; see policy/gpulimits.py): grows stay within
     gpu_limits: Mapping[str, int] = field(default_factory=dict, hash=False)
+    #: The QOS extension jobs are submitted in (``[extension] qos``, e.g. a preemptible scavenger QOS); None:
+    #: the leader's. QOS quotas and Slurm's QOS GPU limits are checked against the QOS the extension runs in.
+    extension_qos: str | None = None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ FAIR_SHARE_LIMIT).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from slurm_elastic.policy.capacity import FreeGres, Need, NodePool, Status, add_gres, fits, free_gres, need_of
@@ -110,12 +110,12 @@ class Walk:
                 elif ext.is_running:
                     taken.update(ext.nodes)
                     held += len(ext.nodes)
-            account, qos = unit.job.account or NO_ACCOUNT, unit.job.qos or NO_ACCOUNT
+            account, qos = unit.job.account or NO_ACCOUNT, self._ext_job(unit.job).qos or NO_ACCOUNT
             self.ext_by_account[account] = self.ext_by_account.get(account, 0) + held
             self.ext_by_qos[qos] = self.ext_by_qos.get(qos, 0) + held
         self.pool = NodePool(snap.nodes, frozenset(taken))
         self.info = _NodeInfo(snap.nodes)
-        self.gpu = GpuLimitTracker(self.inp.gpu_limits, snap.jobs, self.inp.units)
+        self.gpu = GpuLimitTracker(self.inp.gpu_limits, snap.jobs, self.inp.units, self.inp.extension_qos)
         for node in snap.nodes:
             for part in node.partitions:
                 if part not in self.reserves:
@@ -142,6 +142,19 @@ class Walk:
         rank = {t: i for i, t in enumerate(grown)}
         for lst in self.victims.values():
             lst.sort(key=lambda v: victim_key(v, rank))
+
+    def _ext_job(self, leader: Job) -> Job:
+        """The leader as its extension jobs look to Slurm's limits: same user and account, the extension QOS."""
+        q = self.inp.extension_qos
+        return leader if not q or q == leader.qos else replace(leader, qos=q)
+
+    def _qos_quota(self, resolved: int, leader: Job, ext: Job) -> int:
+        """max_extension_nodes_per_qos of the QOS the extension runs in (the unit's own value otherwise)."""
+        if ext.qos == leader.qos:
+            return resolved
+        value = self.ctx.resolver.scope(leader.partition, leader.account, ext.qos)["max_extension_nodes_per_qos"].value
+        assert isinstance(value, int)
+        return value
 
     def _unit_partitions(self, w: UnitWork) -> tuple[str, ...]:
         names = {w.unit.job.partition}
@@ -308,11 +321,13 @@ class Walk:
             return
         want = w.want
         limits: list[str] = []
-        account, qos = job.account or NO_ACCOUNT, job.qos or NO_ACCOUNT
+        ext = self._ext_job(job)  # what Slurm checks the extension job against
+        account, qos = job.account or NO_ACCOUNT, ext.qos or NO_ACCOUNT
         for key, label, quota, held in (
             ("account", f"account {account}", s.max_extension_nodes_per_account,
              self.ext_by_account.get(account, 0)),
-            ("qos", f"QOS {qos}", s.max_extension_nodes_per_qos, self.ext_by_qos.get(qos, 0)),
+            ("qos", f"QOS {qos}", self._qos_quota(s.max_extension_nodes_per_qos, job, ext),
+             self.ext_by_qos.get(qos, 0)),
         ):
             if quota < 0:
                 continue
@@ -326,7 +341,7 @@ class Walk:
                 limits.append(f"{label} quota")
         gpn = job.gpus_per_node()
         if self.gpu.active and gpn > 0:
-            allowed, why = self.gpu.cap(job, gpn, want, w.inputs)
+            allowed, why = self.gpu.cap(ext, gpn, want, w.inputs)
             if allowed <= 0:
                 self._refuse(w, Reason.QUOTA_REACHED, f"{why}: Slurm would leave an extension job pending")
                 return
@@ -363,6 +378,6 @@ class Walk:
         w.granted = got
         self.ext_by_account[account] = self.ext_by_account.get(account, 0) + len(got)
         self.ext_by_qos[qos] = self.ext_by_qos.get(qos, 0) + len(got)
-        self.gpu.commit(job, len(got) * gpn)
+        self.gpu.commit(ext, len(got) * gpn)
         if s.fair_share:
             self.fair[part][account] -= len(got)

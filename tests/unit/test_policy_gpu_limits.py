@@ -133,3 +133,24 @@ def test_deterministic_whatever_the_order() -> None:
 def test_scope_key_refuses_unknown_kinds() -> None:
     with pytest.raises(ValueError, match="unknown GPU limit scope"):
         scope_key("partition", "gpu")
+
+
+def _grow_as_extension_qos(limits: dict[str, int], others: tuple[Job, ...] = (), **cfg_values: Any) -> Decision:
+    """The same unit, with extension jobs submitted in QOS "scav" ([extension] qos)."""
+    u = unit(job(100, nodes=("n1",), **LEADER), step=3, max_nodes=8)
+    busy = ["n1", *(o.nodes[0] for o in others if o.nodes)]
+    inp = make_input([u], nodes(8, busy=busy), other_jobs=others, utils=[util(100, 95)])
+    inp = type(inp)(inp.snapshot, inp.units, inp.utilization, inp.history, inp.account_shares, limits, "scav")
+    return decide(inp, cfg(**cfg_values), NOW)[0]
+
+
+def test_with_an_extension_qos_its_limits_apply_not_the_leaders() -> None:
+    # The leader's QOS is full, but extensions run in "scav": they are not held by q's limit.
+    d = _grow_as_extension_qos({"qos:q": 4})
+    assert d.action is Action.GROW and d.target_nodes == 4
+    # scav's own GrpTRES, with another scavenger job running, leaves one node.
+    d = _grow_as_extension_qos({"qos:scav": 8}, (_other(300, "n2", account="b", user="bob", qos="scav"),))
+    assert d.action is Action.GROW and d.target_nodes == 2 and "QOS scav GrpTRES gres/gpu=8" in d.message
+    # The policy's own per-QOS extension quota is counted in the extension QOS too.
+    d = _grow_as_extension_qos({}, qos={"scav": {"max_extension_nodes_per_qos": 1}})
+    assert d.target_nodes == 2 and "QOS scav quota" in d.message
