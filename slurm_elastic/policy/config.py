@@ -238,6 +238,9 @@ class UnitSettings:
     fair_share: bool
     max_extension_nodes_per_account: int
     max_extension_nodes_per_qos: int
+    max_extension_gpus_per_account: int
+    max_extension_gpus_per_qos: int
+    growth_cap_percent: int
     restart_cost_aware: bool
     restart_cost_s: int
     goodput: bool

@@ -92,6 +92,9 @@ class Walk:
     failed_admits: dict[tuple[tuple[str, ...], Need], int] = field(default_factory=dict)
     ext_by_account: dict[str, int] = field(default_factory=dict)
     ext_by_qos: dict[str, int] = field(default_factory=dict)
+    ext_gpus_by_account: dict[str, int] = field(default_factory=dict)
+    ext_gpus_by_qos: dict[str, int] = field(default_factory=dict)
+    part_held: dict[str, int] = field(default_factory=dict)  # partition -> nodes its running jobs hold
     demand: dict[str, dict[str, int]] = field(default_factory=dict)  # partition -> account -> nodes wanted
     fair: dict[str, dict[str, int]] = field(default_factory=dict)  # partition -> account -> nodes left
     first_reserver: dict[str, Job] = field(default_factory=dict)
@@ -113,6 +116,14 @@ class Walk:
             account, qos = unit.job.account or NO_ACCOUNT, self._ext_job(unit.job).qos or NO_ACCOUNT
             self.ext_by_account[account] = self.ext_by_account.get(account, 0) + held
             self.ext_by_qos[qos] = self.ext_by_qos.get(qos, 0) + held
+            gpus = held * unit.job.gpus_per_node()
+            self.ext_gpus_by_account[account] = self.ext_gpus_by_account.get(account, 0) + gpus
+            self.ext_gpus_by_qos[qos] = self.ext_gpus_by_qos.get(qos, 0) + gpus
+        by_part: dict[str, set[str]] = {}
+        for j in snap.jobs:
+            if j.is_running:
+                by_part.setdefault(j.partition, set()).update(j.nodes)
+        self.part_held = {p: len(n) for p, n in by_part.items()}
         self.pool = NodePool(snap.nodes, frozenset(taken))
         self.info = _NodeInfo(snap.nodes)
         self.gpu = GpuLimitTracker(self.inp.gpu_limits, snap.jobs, self.inp.units, self.inp.extension_qos)
@@ -148,11 +159,11 @@ class Walk:
         q = self.inp.extension_qos
         return leader if not q or q == leader.qos else replace(leader, qos=q)
 
-    def _qos_quota(self, resolved: int, leader: Job, ext: Job) -> int:
-        """max_extension_nodes_per_qos of the QOS the extension runs in (the unit's own value otherwise)."""
+    def _qos_quota(self, resolved: int, leader: Job, ext: Job, key: str) -> int:
+        """A per-QOS quota of the QOS the extension runs in (the unit's own value otherwise)."""
         if ext.qos == leader.qos:
             return resolved
-        value = self.ctx.resolver.scope(leader.partition, leader.account, ext.qos)["max_extension_nodes_per_qos"].value
+        value = self.ctx.resolver.scope(leader.partition, leader.account, ext.qos)[key].value
         assert isinstance(value, int)
         return value
 
@@ -323,23 +334,45 @@ class Walk:
         limits: list[str] = []
         ext = self._ext_job(job)  # what Slurm checks the extension job against
         account, qos = job.account or NO_ACCOUNT, ext.qos or NO_ACCOUNT
-        for key, label, quota, held in (
-            ("account", f"account {account}", s.max_extension_nodes_per_account,
-             self.ext_by_account.get(account, 0)),
-            ("qos", f"QOS {qos}", self._qos_quota(s.max_extension_nodes_per_qos, job, ext),
-             self.ext_by_qos.get(qos, 0)),
-        ):
-            if quota < 0:
-                continue
-            w.inputs[f"{key}_quota_left"] = quota - held
-            if held >= quota:
-                self._refuse(w, Reason.QUOTA_REACHED, f"{label} holds {held} extension nodes >= "
-                             f"max_extension_nodes_per_{key} {quota}")
-                return
-            if quota - held < want:
-                want = quota - held
-                limits.append(f"{label} quota")
         gpn = job.gpus_per_node()
+        for key, label, quota, held, size in (
+            ("nodes_per_account", f"account {account}", s.max_extension_nodes_per_account,
+             self.ext_by_account.get(account, 0), 1),
+            ("nodes_per_qos", f"QOS {qos}", self._qos_quota(s.max_extension_nodes_per_qos, job, ext,
+                                                           "max_extension_nodes_per_qos"),
+             self.ext_by_qos.get(qos, 0), 1),
+            ("gpus_per_account", f"account {account}", s.max_extension_gpus_per_account,
+             self.ext_gpus_by_account.get(account, 0), gpn),
+            ("gpus_per_qos", f"QOS {qos}", self._qos_quota(s.max_extension_gpus_per_qos, job, ext,
+                                                          "max_extension_gpus_per_qos"),
+             self.ext_gpus_by_qos.get(qos, 0), gpn),
+        ):
+            if quota < 0 or size <= 0:
+                continue
+            gpus = key.startswith("gpus")
+            left = (quota - held) // size  # whole nodes the quota leaves
+            w.inputs[f"{key.removeprefix('nodes_per_').replace('_per_', '_')}_quota_left"] = quota - held
+            if left <= 0:
+                per_node = f" ({size} per node)" if gpus and held < quota else ""
+                self._refuse(w, Reason.QUOTA_REACHED, f"{label} holds {held} extension {'GPUs' if gpus else 'nodes'}"
+                             f"{per_node} >= max_extension_{key} {quota}")
+                return
+            if left < want:
+                want = left
+                limits.append(f"{label} {'GPU ' if gpus else ''}quota")
+        cap_pct = s.growth_cap_percent
+        if cap_pct < 100:
+            total = len(self.inp.snapshot.nodes)
+            room = total * cap_pct // 100 - self.part_held.get(part, 0)
+            w.inputs["growth_cap_nodes_left"] = room
+            if room <= 0:
+                self._refuse(w, Reason.QUOTA_REACHED, f"partition {part}'s jobs hold "
+                             f"{self.part_held.get(part, 0)} of the cluster's {total} nodes >= growth_cap_percent "
+                             f"{cap_pct}%")
+                return
+            if room < want:
+                want = room
+                limits.append(f"growth_cap_percent {cap_pct}%")
         if self.gpu.active and gpn > 0:
             allowed, why = self.gpu.cap(ext, gpn, want, w.inputs)
             if allowed <= 0:
@@ -378,6 +411,9 @@ class Walk:
         w.granted = got
         self.ext_by_account[account] = self.ext_by_account.get(account, 0) + len(got)
         self.ext_by_qos[qos] = self.ext_by_qos.get(qos, 0) + len(got)
+        self.ext_gpus_by_account[account] = self.ext_gpus_by_account.get(account, 0) + len(got) * gpn
+        self.ext_gpus_by_qos[qos] = self.ext_gpus_by_qos.get(qos, 0) + len(got) * gpn
+        self.part_held[part] = self.part_held.get(part, 0) + len(got)
         self.gpu.commit(ext, len(got) * gpn)
         if s.fair_share:
             self.fair[part][account] -= len(got)

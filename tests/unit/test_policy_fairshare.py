@@ -94,3 +94,28 @@ def test_quota_per_account_and_qos() -> None:
     assert d.reason is Reason.QUOTA_REACHED and "QOS q holds 1 extension nodes" in d.message
     d = decide(inp, cfg(max_extension_nodes_per_account=2), NOW)[0]  # a global value applies to each account
     assert d.target_nodes == 3
+
+
+def test_gpu_quota_per_account_and_qos() -> None:
+    """4 GPUs per node; the unit's extension on n2 holds 4 GPUs of account a / QOS q."""
+    u = unit(job(100, nodes=("n1",), account="a", qos="q"), exts=[ext(500, ("n2",))], step=3, max_nodes=8)
+    inp = make_input([u], nodes(8, busy=["n1", "n2"]), utils=[util(100, 95)])
+    d = decide(inp, cfg(account={"a": {"max_extension_gpus_per_account": 12}}), NOW)[0]
+    assert d.target_nodes == 4 and "limited by account a GPU quota" in d.message  # (12 - 4) // 4 = 2 nodes
+    assert d.inputs["gpus_account_quota_left"] == 8
+    d = decide(inp, cfg(account={"a": {"max_extension_gpus_per_account": 7}}), NOW)[0]
+    assert d.reason is Reason.QUOTA_REACHED and "account a holds 4 extension GPUs (4 per node)" in d.message
+    d = decide(inp, cfg(qos={"q": {"max_extension_gpus_per_qos": 4}}), NOW)[0]
+    assert d.reason is Reason.QUOTA_REACHED and "max_extension_gpus_per_qos 4" in d.message
+
+
+def test_growth_cap_percent_of_the_cluster_per_partition() -> None:
+    """8 nodes; the unit's partition holds 2 (n1, n2). A 50% cap leaves room for 2 more; 25% for none."""
+    u = unit(job(100, nodes=("n1", "n2"), account="a"), step=4, max_nodes=8)
+    inp = make_input([u], nodes(8, busy=["n1", "n2"]), utils=[util(100, 95)])
+    d = decide(inp, cfg(partition={"gpu": {"growth_cap_percent": 50}}), NOW)[0]
+    assert d.target_nodes == 4 and "growth_cap_percent 50%" in d.message and d.inputs["growth_cap_nodes_left"] == 2
+    d = decide(inp, cfg(growth_cap_percent=25), NOW)[0]
+    assert d.reason is Reason.QUOTA_REACHED and "hold 2 of the cluster's 8 nodes >= growth_cap_percent 25%" in d.message
+    d = decide(inp, cfg(partition={"other": {"growth_cap_percent": 0}}), NOW)[0]  # another partition's cap
+    assert d.target_nodes == 6
