@@ -117,9 +117,16 @@ def scenarios(draw: st.DrawFn) -> Scenario:
         startup_protection_s=draw(st.sampled_from([0, 300, 120])),
         cooldown_s=draw(st.sampled_from([0, 300])),
         min_remaining_for_grow_s=draw(st.sampled_from([0, 900])),
+        max_extension_nodes_per_account=draw(st.sampled_from([-1, 0, 1, 3])),
+        max_extension_gpus_per_qos=draw(st.sampled_from([-1, 0, 4, 16])),
+        growth_cap_percent=draw(st.sampled_from([100, 50, 10])),
+        extend_time_limit_on_shrink=draw(st.booleans()),
     )
     inp = make_input(units, all_nodes, pending_jobs=pend, utils=utils, history=history,
                      shares={"a": draw(st.floats(0.1, 5)), "b": draw(st.floats(0.1, 5))})
+    limits = draw(st.dictionaries(st.sampled_from(["account:a", "account:b", "qos:normal", "qos_user:normal",
+                                                   "user:a/alice"]), st.integers(0, 64), max_size=3))
+    inp = replace(inp, gpu_limits=limits, extension_qos=draw(st.sampled_from([None, "normal", "scav"])))
     return Scenario(inp, config, frozenset(fresh))
 
 
@@ -229,3 +236,23 @@ def test_deterministic_and_independent_of_input_order(sc: Scenario, rnd: random.
         utilization=dict(rnd.sample(list(sc.inp.utilization.items()), len(sc.inp.utilization))),
     )
     assert decide(shuffled, sc.config, NOW) == first
+
+
+@PROPS
+@given(scenarios())
+def test_grants_never_take_an_account_past_its_slurm_gpu_limit(sc: Scenario) -> None:
+    """What Slurm would refuse (AssocGrpGRES) is never planned: this cycle's grants of an account stay within
+    what its GrpTRES gres/gpu leaves after its running jobs and our pending extensions."""
+    decisions = decide(sc.inp, sc.config, NOW)
+    units = {u.unit_id: u for u in sc.inp.units}
+    for key, limit in sc.inp.gpu_limits.items():
+        if not key.startswith("account:"):
+            continue
+        account = key.split(":", 1)[1]
+        used = sum(j.gpus_per_node() * len(j.nodes) for j in sc.inp.snapshot.jobs
+                   if j.is_running and j.account == account)
+        used += sum(u.job.gpus_per_node() * e.node_count for u in sc.inp.units if u.job.account == account
+                    for e in u.extensions if e.is_pending)
+        granted = sum(units[d.unit_id].job.gpus_per_node() * len(d.grow.nodes) for d in decisions
+                      if d.action is Action.GROW and d.grow is not None and units[d.unit_id].job.account == account)
+        assert granted <= max(0, limit - used)
