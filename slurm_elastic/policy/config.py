@@ -246,6 +246,7 @@ class UnitSettings:
     goodput: bool
     goodput_min_marginal_efficiency: float
     min_throughput_samples: int
+    throughput_max_age_s: int
     provenance: Mapping[str, Provenance] = field(default_factory=dict, hash=False, compare=False)
 
     def source(self, key: str) -> str:

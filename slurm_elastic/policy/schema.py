@@ -150,6 +150,9 @@ KEYS: tuple[KeyDef, ...] = (
            "least marginal efficiency (gain of a step / gain of perfect scaling) to grow or stay grown"),
     KeyDef("min_throughput_samples", Kind.INT, 3, 1, 100_000, ALL_SCOPES,
            "fewest throughput samples at a size before that size's throughput is trusted"),
+    KeyDef("throughput_max_age_s", Kind.DURATION, 21600, 60, 7 * _DAY, ALL_SCOPES,
+           "throughput samples older than this are forgotten, at every size: a job whose speed changes over "
+           "training is not judged on old numbers, and a size that did not pay is tried again later"),
 )
 
 BY_NAME: Mapping[str, KeyDef] = {k.name: k for k in KEYS}

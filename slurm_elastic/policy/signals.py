@@ -82,7 +82,8 @@ class Scaling:
 def scaling(samples: Iterable[ThroughputSample], nodes: int, s: UnitSettings, now: datetime) -> Scaling:
     by_size: dict[int, list[ThroughputSample]] = {}
     for sample in samples:
-        by_size.setdefault(sample.nodes, []).append(sample)
+        if (now - sample.at).total_seconds() <= s.throughput_max_age_s:  # old numbers are forgotten
+            by_size.setdefault(sample.nodes, []).append(sample)
     trusted: dict[int, float] = {}
     for size, group in by_size.items():
         if len(group) >= s.min_throughput_samples:

@@ -126,3 +126,15 @@ def test_restart_cost_uses_the_predicted_efficiency() -> None:
     assert decide(inp, cfg(**config), NOW)[0].action is Action.GROW
     d = decide(inp, cfg(restart_cost_s=300, **config), NOW)[0]
     assert d.reason is Reason.RESTART_COST and d.inputs["expected_gain_s"] == 90.0
+
+
+def test_old_throughput_is_forgotten_so_a_size_that_did_not_pay_is_tried_again_later() -> None:
+    # 3 nodes paid little 4000 s ago: hold. Past throughput_max_age_s that number is forgotten and the next
+    # step is predicted from the last one (0.90): grow again.
+    samples = tput(1, 100.0, age=3500) + tput(3, 215.0, age=4000) + tput(2, 190.0)
+    assert _one(samples).reason is Reason.LOW_MARGINAL_EFFICIENCY
+    d = _one(tput(1, 100.0, age=3500) + tput(3, 215.0, age=8000) + tput(2, 190.0), throughput_max_age_s=7200)
+    assert (d.action, d.basis) == (Action.GROW, Basis.THROUGHPUT)
+    # With every smaller size forgotten too, nothing is known beyond the current size: utilization decides.
+    d = _one(tput(1, 100.0, age=3500) + tput(2, 190.0), throughput_max_age_s=3000)
+    assert d.basis is Basis.UTILIZATION
