@@ -235,6 +235,7 @@ class UnitSettings:
     reclaim_reserve: bool
     paused: bool
     shrink_to_admit: bool
+    admit_victim_interval_s: int
     fair_share: bool
     max_extension_nodes_per_account: int
     max_extension_nodes_per_qos: int

@@ -48,12 +48,15 @@ def decide(inp: PolicyInput, cfg: PolicyConfig, now: datetime) -> list[Decision]
     last_resize: dict[int, datetime] = {}
     last_grow: dict[int, datetime] = {}
     admit_at: dict[int, datetime] = {}
+    last_admit_victim: dict[int, datetime] = {}
     for rec in inp.history:
         _latest(last_resize, rec.unit_id, rec.at)
         if rec.action is Action.GROW:
             _latest(last_grow, rec.unit_id, rec.at)
         if rec.for_job is not None and rec.reason == Reason.SHRINK_TO_ADMIT:
             _latest(admit_at, rec.for_job, rec.at)
+        if rec.reason == Reason.SHRINK_TO_ADMIT and rec.action is Action.SHRINK:
+            _latest(last_admit_victim, rec.unit_id, rec.at)
     for unit in inp.units:
         for ext in unit.extensions:
             when = ext.start_time or ext.submit_time
@@ -61,7 +64,8 @@ def decide(inp: PolicyInput, cfg: PolicyConfig, now: datetime) -> list[Decision]
                 _latest(last_resize, unit.unit_id, when)
                 _latest(last_grow, unit.unit_id, when)
 
-    ctx = Context(cfg, now, SettingsResolver(cfg), inp.utilization, last_resize, last_grow, cfg.paused_jobs)
+    ctx = Context(cfg, now, SettingsResolver(cfg), inp.utilization, last_resize, last_grow, cfg.paused_jobs,
+                  last_admit_victim)
     works = [evaluate(unit, ctx) for unit in sorted(inp.units, key=lambda u: u.unit_id)]
     Walk(inp, ctx, works, admit_at).run()
     decisions = [_build(w, ctx) for w in works]

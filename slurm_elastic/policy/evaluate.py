@@ -48,12 +48,19 @@ def evaluate(unit: ElasticUnit, ctx: Context) -> UnitWork:
     _intent(w, s, ctx)
     protected = w.reason in (Reason.STARTUP, Reason.COOLDOWN)
     w.reclaim_ok = not protected and w.paused_by is None and unit.spec.shrink and current > unit.min_nodes
-    w.victim_ok = w.reclaim_ok and s.shrink_to_admit
+    w.victim_ok = w.reclaim_ok and s.shrink_to_admit and not _recent_victim(unit.unit_id, s, ctx)
     if w.paused_by is not None:
         would = f"would {w.action} by {w.want}" if w.action is not Action.HOLD else "would hold"
         inputs["would"] = str(w.reason)
         w.hold(Reason.PAUSED, f"paused ({w.paused_by}); {would}: {w.reason}: {w.message}", w.basis)
     return w
+
+
+def _recent_victim(unit_id: int, s: UnitSettings, ctx: Context) -> bool:
+    """Shrunk to admit a pending job less than ``admit_victim_interval_s`` ago: not a victim again yet (a long
+    job must not be everybody's victim for its whole life)."""
+    last = ctx.last_admit_victim.get(unit_id)
+    return last is not None and (ctx.now - last).total_seconds() < s.admit_victim_interval_s
 
 
 def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:

@@ -122,6 +122,9 @@ KEYS: tuple[KeyDef, ...] = (
     KeyDef("shrink_to_admit", Kind.BOOL, False, None, None, ALL_SCOPES,
            "let a higher-priority pending job take nodes this unit holds above its min (resolved for the "
            "victim unit)"),
+    KeyDef("admit_victim_interval_s", Kind.DURATION, 0, 0, 7 * _DAY, ALL_SCOPES,
+           "a unit shrunk to admit a pending job is not shrunk for another one during this long (0: only the "
+           "cooldown); protects long jobs from being every arrival's victim"),
     KeyDef("admit_backoff_s", Kind.DURATION, 1800, 0, _DAY, GLOBAL_ONLY,
            "after a shrink-to-admit for a pending job, no further one for it during this long"),
     KeyDef("fair_share", Kind.BOOL, False, None, None, frozenset({Scope.GLOBAL, Scope.PARTITION}),

@@ -76,3 +76,4 @@ class Context:
     last_resize: dict[int, datetime]
     last_grow: dict[int, datetime]
     paused_jobs: frozenset[int]
+    last_admit_victim: dict[int, datetime] = field(default_factory=dict)  # unit -> its last shrink-to-admit

@@ -182,3 +182,14 @@ def test_overlapping_partitions_a_reserve_in_one_is_reclaimed_from_a_unit_in_the
         cfg(partition={"serve": {"free_node_reserve": 2, "reclaim_reserve": True}}), NOW)}
     assert [(ds[i].action, ds[i].reason, ds[i].target_nodes) for i in (100, 200)] == [
         (Action.SHRINK, Reason.RESERVE_RECLAIM, 1), (Action.SHRINK, Reason.RESERVE_RECLAIM, 1)]
+
+
+def test_a_recent_victim_is_spared_for_admit_victim_interval_s() -> None:
+    u = unit(job(100, nodes=("n1", "n2", "n3", "n4"), priority=10))
+    pend = [pending(900, count=1, priority=100)]
+    history = [record(100, 1000, action=Action.SHRINK, reason="SHRINK_TO_ADMIT")]
+    assert _run([u], _busy("n1", "n2", "n3", "n4"), pend, history=history)[100].action is Action.SHRINK
+    d = _run([u], _busy("n1", "n2", "n3", "n4"), pend, history=history, admit_victim_interval_s=1800)[100]
+    assert d.action is Action.HOLD  # shrunk to admit 1000 s ago: spared until 1800 s have passed
+    d = _run([u], _busy("n1", "n2", "n3", "n4"), pend, history=history, admit_victim_interval_s=900)[100]
+    assert d.action is Action.SHRINK
