@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,14 @@ child=$!
 while kill -0 $child 2>/dev/null; do wait $child; done
 sleep 600
 """
+
+
+def marker_file(cluster: TestCluster) -> Path:
+    """A file every job user may append to (the scripts log their starts and grace signals there)."""
+    path = cluster.jobs_dir / f"marker-{uuid.uuid4().hex[:8]}"
+    path.touch()
+    path.chmod(0o666)
+    return path
 
 
 def node_count(cluster: TestCluster, job_id: int) -> int:

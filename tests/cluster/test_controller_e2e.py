@@ -9,18 +9,17 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.store.records import ActionKind, ActionState
-from tests.cluster.agents_harness import Agents, running_agents
+from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
     controller_config,
     elastic_script,
+    marker_file,
     node_count,
     running_controller,
     wait_until,
@@ -30,24 +29,6 @@ from tests.cluster.harness import TestCluster
 pytestmark = pytest.mark.cluster
 
 DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --window 10s --cooldown 15s --grace 3s --signal USR2"
-
-
-@pytest.fixture(scope="module")
-def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    with running_agents(cluster, tmp_path_factory.mktemp("e2e-agents"), interval_s=1.0, window_s=4) as a:
-        yield a
-
-
-@pytest.fixture
-def stack(agents: Agents, clean_cluster: TestCluster) -> Agents:
-    return agents
-
-
-def marker_file(cluster: TestCluster) -> Path:
-    path = cluster.jobs_dir / f"marker-{uuid.uuid4().hex[:8]}"
-    path.touch()
-    path.chmod(0o666)
-    return path
 
 
 def extensions_of(cluster: TestCluster, leader: int) -> list[dict[str, object]]:

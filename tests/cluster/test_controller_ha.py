@@ -20,7 +20,7 @@ from sqlalchemy import select
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState, CycleRecord
-from tests.cluster.agents_harness import REPO, Agents, running_agents
+from tests.cluster.agents_harness import REPO, Agents
 from tests.cluster.controller_harness import (
     ControllerProcess,
     controller_config,
@@ -35,12 +35,6 @@ URL = "mysql+pymysql://slurm:slurm-elastic-test@127.0.0.1:13306/slurm_elastic"
 TTL_S = 10.0  # controller_config's lease_ttl_s
 INTERVAL_S = 2.0
 DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --window 10s --cooldown 15s --grace 3s --signal USR2"
-
-
-@pytest.fixture(scope="module")
-def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    with running_agents(cluster, tmp_path_factory.mktemp("ha-agents"), interval_s=1.0, window_s=4) as a:
-        yield a
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import pytest
 
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.store.records import DecisionRecord
-from tests.cluster.agents_harness import Agents, running_agents
+from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
     TEST_POLICY,
     ControllerProcess,
@@ -42,17 +42,6 @@ FAIR_POLICY = TEST_POLICY + "step = 2\nfair_share = true\n"
 HOLDER = "fair-share-test"
 # A grow intent shows as a grow, or as the walk's hold when it got no node.
 WALK_HOLDS = {"FAIR_SHARE_LIMIT", "NO_FREE_NODES", "PENDING_HIGHER_PRIORITY", "RESERVE_KEPT", "QUOTA_REACHED"}
-
-
-@pytest.fixture(scope="module")
-def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    with running_agents(cluster, tmp_path_factory.mktemp("fair-agents"), interval_s=1.0, window_s=4) as a:
-        yield a
-
-
-@pytest.fixture
-def stack(agents: Agents, clean_cluster: TestCluster) -> Agents:
-    return agents
 
 
 def _marker(cluster: TestCluster) -> Path:

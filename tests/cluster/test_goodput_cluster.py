@@ -9,14 +9,13 @@ import os
 import pwd
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.store.records import ActionKind
-from tests.cluster.agents_harness import JOB_PYTHON, REPO, Agents, running_agents
+from tests.cluster.agents_harness import JOB_PYTHON, REPO, Agents
 from tests.cluster.controller_harness import TEST_POLICY, controller_config, node_count, running_controller, wait_until
 from tests.cluster.harness import TestCluster
 
@@ -26,12 +25,6 @@ COOLDOWN_S = 15
 DIRECTIVES = (f"#ELASTIC --min-nodes 1 --max-nodes 3 --window 10s --cooldown {COOLDOWN_S}s --grace 3s "
               "--signal USR2")
 GOODPUT_POLICY = TEST_POLICY + "goodput = true\nmin_throughput_samples = 3\n"
-
-
-@pytest.fixture(scope="module")
-def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    with running_agents(cluster, tmp_path_factory.mktemp("goodput-agents"), interval_s=1.0, window_s=4) as a:
-        yield a
 
 
 def flat_script(cluster: TestCluster, samples_per_s: float) -> str:

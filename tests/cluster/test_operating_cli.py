@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.agents_harness import REPO, Agents, running_agents
+from tests.cluster.agents_harness import REPO, Agents
 from tests.cluster.controller_harness import (
     ControllerProcess,
     controller_config,
@@ -34,12 +34,6 @@ pytestmark = pytest.mark.cluster
 DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --window 10s --cooldown 15s --grace 3s --signal USR2"
 METRICS_PORT = 19818
 JOBS_PYTHON = REPO / ".venv-jobs" / "bin" / "python"
-
-
-@pytest.fixture(scope="module")
-def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    with running_agents(cluster, tmp_path_factory.mktemp("ops-agents"), interval_s=1.0, window_s=4) as a:
-        yield a
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ harness's small-number one plus the rule under test.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -16,38 +14,20 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from slurm_elastic.store.records import ActionKind
-from tests.cluster.agents_harness import Agents, running_agents
+from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
     TEST_POLICY,
     controller_config,
     elastic_script,
+    marker_file,
     node_count,
     running_controller,
     wait_until,
 )
-from tests.cluster.harness import TestCluster
 
 pytestmark = pytest.mark.cluster
 
 BAND = 60  # between scale_down_below (40) and scale_up_above (80): no utilization-driven resize
-
-
-@pytest.fixture(scope="module")
-def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    with running_agents(cluster, tmp_path_factory.mktemp("rules-agents"), interval_s=1.0, window_s=4) as a:
-        yield a
-
-
-@pytest.fixture
-def stack(agents: Agents, clean_cluster: TestCluster) -> Agents:
-    return agents
-
-
-def marker_file(cluster: TestCluster) -> Path:
-    path = cluster.jobs_dir / f"marker-{uuid.uuid4().hex[:8]}"
-    path.touch()
-    path.chmod(0o666)
-    return path
 
 
 def graces(marker: Path, job: int) -> list[float]:

@@ -22,7 +22,6 @@ import subprocess
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,7 +29,7 @@ import pytest
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.slurm.hostlist import expand
 from slurm_elastic.store.records import ActionKind, ActionState
-from tests.cluster.agents_harness import JOB_PYTHON, REPO, Agents, running_agents
+from tests.cluster.agents_harness import JOB_PYTHON, REPO, Agents
 from tests.cluster.controller_harness import (
     controller_config,
     node_count,
@@ -58,12 +57,6 @@ max_metric_age_s = 12
 startup_protection_s = 0
 min_remaining_for_grow_s = 0
 """
-
-
-@pytest.fixture(scope="module")
-def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    with running_agents(cluster, tmp_path_factory.mktemp("fault-agents"), interval_s=1.0, window_s=4) as a:
-        yield a
 
 
 def util_script(cluster: TestCluster, util_file: Path, directives: str) -> str:

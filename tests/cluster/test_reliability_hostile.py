@@ -21,7 +21,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ import pytest
 from slurm_elastic.agent.auth import sign_request
 from slurm_elastic.agent.payload import NODE_PATH
 from slurm_elastic.store.records import ActionKind
-from tests.cluster.agents_harness import REPO, Agents, running_agents
+from tests.cluster.agents_harness import REPO, Agents
 from tests.cluster.controller_harness import (
     controller_config,
     elastic_script,
@@ -109,12 +108,6 @@ def test_lua_plugin_rejects_hostile_scripts_and_slurmctld_stays_up(cluster: Test
 
 
 # --- H2/H3: authentication against the real agents -----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    with running_agents(cluster, tmp_path_factory.mktemp("hostile-agents"), interval_s=1.0, window_s=4) as a:
-        yield a
-
-
 def _get(url: str, headers: dict[str, str]) -> tuple[int, bytes]:
     req = urllib.request.Request(url, headers=headers)
     try:

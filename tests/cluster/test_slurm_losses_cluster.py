@@ -14,8 +14,6 @@ import os
 import signal
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,12 +21,13 @@ import pytest
 
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionRecord
-from tests.cluster.agents_harness import Agents, running_agents
+from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
     TEST_POLICY,
     ControllerProcess,
     controller_config,
     elastic_script,
+    marker_file,
     node_count,
     running_controller,
     wait_until,
@@ -40,24 +39,6 @@ pytestmark = pytest.mark.cluster
 COOLDOWN_S = 30  # long enough to watch the unit hold in cooldown after a loss
 POLICY = TEST_POLICY.replace("cooldown_s = 15", f"cooldown_s = {COOLDOWN_S}")
 LOSS_REASONS = {"PREEMPTED_BY_SLURM", "NODE_FAILURE"}
-
-
-@pytest.fixture(scope="module")
-def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    with running_agents(cluster, tmp_path_factory.mktemp("losses-agents"), interval_s=1.0, window_s=4) as a:
-        yield a
-
-
-@pytest.fixture
-def stack(agents: Agents, clean_cluster: TestCluster) -> Agents:
-    return agents
-
-
-def marker_file(cluster: TestCluster) -> Path:
-    path = cluster.jobs_dir / f"marker-{uuid.uuid4().hex[:8]}"
-    path.touch()
-    path.chmod(0o666)
-    return path
 
 
 def _config(tmp_path: Path, agents: Agents, *, qos: str) -> Path:

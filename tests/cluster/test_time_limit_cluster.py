@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from slurm_elastic.store.records import ActionKind
-from tests.cluster.agents_harness import Agents, running_agents
+from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
     controller_config,
     elastic_script,
@@ -27,17 +26,6 @@ from tests.cluster.harness import TestCluster
 pytestmark = pytest.mark.cluster
 
 DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --step 2 --window 10s --cooldown 15s --grace 3s --signal USR2"
-
-
-@pytest.fixture(scope="module")
-def agents(cluster: TestCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agents]:
-    with running_agents(cluster, tmp_path_factory.mktemp("time-limit-agents"), interval_s=1.0, window_s=4) as a:
-        yield a
-
-
-@pytest.fixture
-def stack(agents: Agents, clean_cluster: TestCluster) -> Agents:
-    return agents
 
 
 def _time_limit_min(cluster: TestCluster, job: int) -> int:
