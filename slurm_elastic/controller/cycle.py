@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -53,6 +53,7 @@ from slurm_elastic.store.records import (
     ActionKind,
     ActionRecord,
     ActionState,
+    ElasticJobRecord,
     FencingToken,
     JobObservation,
     NewDecision,
@@ -194,18 +195,20 @@ class Controller:
         built = build_units(snap, read_script=self._read_script, is_known_key=self._is_known_key,
                             cache=self.specs)
         units = {u.unit_id: u for u in built.units}
-        before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n)
-                  for r in self.store.jobs.list_jobs(active_only=True) if r.job_id in units}
-        self._observe_jobs(built.units, built.sources, built.not_elastic, snap)
+        known = self.store.jobs.list_jobs(active_only=True)  # as last observed, before this cycle updates them
+        before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
+        self._observe_jobs(built.units, built.sources, built.not_elastic, snap, known)
         for lost in self.losses.record(summary.cycle_id or 0, units, snap, now, previous_nodes=before):
             if self.metrics is not None:
                 self.metrics.decisions.labels(lost.action, lost.reason).inc()
         open_by_unit = self._finish_pending_shrinks(snap, units, ctx, summary)
-        for admitted in self.admits.follow(self.store.journal.list_actions(since=now - timedelta(hours=1)), snap, now):
+        recent = self.store.journal.list_actions(since=now - timedelta(days=1))  # newest first
+        last_hour = [a for a in recent if a.created_at >= now - timedelta(hours=1)]
+        for admitted in self.admits.follow(last_hour, snap, now):
             if self.metrics is not None:
                 self.metrics.admits.labels(admitted.outcome).inc()
         utilization = self._utilization(snap, built.units, now)
-        history = self._history(units, now) + self.losses.history(units, now)
+        history = self._history(recent, units) + self.losses.history(units, now)
         policy = with_paused_jobs(self.policy, paused_units(built.units, self.store.pauses.list_pauses()))
         decisions = decide(PolicyInput(snap, tuple(built.units), utilization, history, self.accounting.shares(),
                                        self.accounting.gpu_limits(), self.cfg.extension_qos or None), policy, now)
@@ -255,7 +258,10 @@ class Controller:
             return None
 
     def _observe_jobs(self, units: tuple[ElasticUnit, ...], sources: Mapping[int, str],
-                      not_elastic: Mapping[int, str], snap: ClusterSnapshot) -> None:
+                      not_elastic: Mapping[int, str], snap: ClusterSnapshot,
+                      known: Sequence[ElasticJobRecord]) -> None:
+        """Store what the cycle saw; ``known`` are the active records read before (what is not live has
+        ended; jobs first stored now are running, so they are never among those)."""
         for u in units:
             j = u.job
             self.store.jobs.upsert_job(JobObservation(
@@ -275,7 +281,7 @@ class Controller:
                     spec_error=reason))
                 log.info("job %s: directives ignored: %s", bad.display_id, reason)
         live = {j.job_id for j in snap.jobs if j.state in ACTIVE}
-        for rec in self.store.jobs.list_jobs(active_only=True):
+        for rec in known:
             if rec.job_id not in live:
                 gone = snap.job(rec.job_id)
                 self.store.jobs.mark_job_ended(rec.job_id, gone.state if gone else "ENDED")
@@ -326,9 +332,10 @@ class Controller:
                 out[u.unit_id] = self.goodput.attach(u, util, resolve_unit(self.policy, u), now)
         return out
 
-    def _history(self, units: Mapping[int, ElasticUnit], now: datetime) -> tuple[ResizeRecord, ...]:
+    def _history(self, actions: Sequence[ActionRecord], units: Mapping[int, ElasticUnit]) -> tuple[ResizeRecord, ...]:
+        """The units' resizes among ``actions`` (the journal of the last day) as the policy's history."""
         records: list[ResizeRecord] = []
-        for a in self.store.journal.list_actions(since=now - timedelta(days=1)):
+        for a in actions:
             if a.job_id not in units or a.kind not in _KIND_ACTION:
                 continue
             # A resize happens when it is applied (after the grace period for a shrink), not when it is decided.

@@ -95,6 +95,7 @@ class Walk:
     ext_gpus_by_account: dict[str, int] = field(default_factory=dict)
     ext_gpus_by_qos: dict[str, int] = field(default_factory=dict)
     part_held: dict[str, int] = field(default_factory=dict)  # partition -> nodes its running jobs hold
+    unit_parts: dict[int, tuple[str, ...]] = field(default_factory=dict)  # unit -> partitions of its nodes
     demand: dict[str, dict[str, int]] = field(default_factory=dict)  # partition -> account -> nodes wanted
     fair: dict[str, dict[str, int]] = field(default_factory=dict)  # partition -> account -> nodes left
     first_reserver: dict[str, Job] = field(default_factory=dict)
@@ -136,7 +137,7 @@ class Walk:
         for w in self.works:
             # Partitions may overlap (the same nodes in "train" and "serve"): a unit frees nodes for, and may
             # give nodes back to, every partition its nodes belong to, not only the one it was submitted to.
-            parts = self._unit_partitions(w)
+            parts = self.unit_parts[w.unit_id] = self._unit_partitions(w)
             if w.action is Action.SHRINK:
                 w.taken = w.want
                 for r in w.removal()[: w.want]:
@@ -220,7 +221,7 @@ class Walk:
                 continue
             grown = sorted({w.last_grow for w in self.works if w.last_grow is not None})
             rank = {t: i for i, t in enumerate(grown)}
-            candidates = sorted((w for w in self.works if w.reclaim_ok and part in self._unit_partitions(w)),
+            candidates = sorted((w for w in self.works if w.reclaim_ok and part in self.unit_parts[w.unit_id]),
                                 key=lambda v: victim_key(v, rank))
             for w in candidates:
                 if deficit <= 0:
