@@ -23,7 +23,7 @@ from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
 from tests.unit.storehelpers import FakeClock, memory_store
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-POLICY = parse_config("""
+POLICY_TEXT = """
 version = 1
 window_s = 10
 cooldown_s = 20
@@ -32,7 +32,8 @@ min_samples = 3
 max_metric_age_s = 30
 startup_protection_s = 0
 min_remaining_for_grow_s = 0
-""")
+"""
+POLICY = parse_config(POLICY_TEXT)
 SCRIPT = "#!/bin/bash\n#ELASTIC --min-nodes 1 --max-nodes 3\nsrun train\n"
 
 

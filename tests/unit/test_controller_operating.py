@@ -18,7 +18,7 @@ from slurm_elastic.policy import parse_config
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, DecisionFilter, PauseScope
 from tests.unit.storehelpers import memory_store
-from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeClock, FakeSlurm, run
+from tests.unit.test_controller_cycle import POLICY, POLICY_TEXT, T0, Agents, FakeClock, FakeSlurm, run
 
 World = tuple[Controller, FakeSlurm, Agents, FakeClock, SqlStore]
 
@@ -181,14 +181,7 @@ def test_the_daemon_serves_the_api_and_keeps_the_db_private(tmp_path: Path) -> N
         assert start_api(bad) is None  # logged; the controller runs on without the API
 
 
-PROFILE_POLICY = """
-version = 1
-window_s = 10
-cooldown_s = 20
-min_samples = 3
-max_metric_age_s = 30
-startup_protection_s = 0
-min_remaining_for_grow_s = 0
+PROFILE_POLICY = POLICY_TEXT + """
 [profile.weekend]
 windows = ["Sat,Sun 00:00-24:00"]
 scale_up_above = 60

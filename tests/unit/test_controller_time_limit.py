@@ -19,7 +19,7 @@ from slurm_elastic.slurm.runner import CommandResult, RetryPolicy, SlurmCommands
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState
 from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
+from tests.unit.test_controller_cycle import POLICY, POLICY_TEXT, T0, Agents, FakeSlurm, run
 
 
 class _Recorder:
@@ -92,16 +92,6 @@ def _shrunk(slurm: FakeSlurm, policy_text: str = "") -> tuple[SqlStore, FakeSlur
     return store, slurm
 
 
-POLICY_TEXT = """
-version = 1
-window_s = 10
-cooldown_s = 20
-grace_s = 5
-min_samples = 3
-max_metric_age_s = 30
-startup_protection_s = 0
-min_remaining_for_grow_s = 0
-"""
 
 
 def test_shrink_then_the_time_limit_grows_by_the_plans_extension() -> None:
