@@ -414,6 +414,16 @@ class Controller:
                            dry_run=self.cfg.dry_run)
 
     # --- reconcile ------------------------------------------------------------------------------------------
+    def _cancel_extension(self, job_id: int, what: str) -> bool:
+        """scancel an extension job and close its record; a refusal is logged and retried next pass."""
+        try:
+            self.slurm.cancel(job_id)
+        except SlurmError as e:
+            log.warning("cannot cancel %s %d: %s", what, job_id, e)
+            return False
+        self.store.jobs.update_extension(job_id, state="CANCELLED", ended=True)
+        return True
+
     def reconcile(self, older_than: timedelta = timedelta(seconds=0)) -> list[str]:
         """Bring the journal and Slurm back in agreement (after a crash, or drift). Returns what it did.
         A locked or full DB, or Slurm failing mid-way, ends this pass with one error line (like a cycle): what
@@ -465,13 +475,8 @@ class Controller:
                 # Only the leader's owner's jobs are its extensions: a copied key on someone else's job is not
                 # ours to cancel.
                 continue
-            try:
-                self.slurm.cancel(orphan.job_id)
-            except SlurmError as e:
-                log.warning("cannot cancel orphan extension %d: %s", orphan.job_id, e)
-                continue
-            self.store.jobs.update_extension(orphan.job_id, state="CANCELLED", ended=True)
-            done.append(f"cancelled orphan extension {orphan.job_id}")
+            if self._cancel_extension(orphan.job_id, "orphan extension"):
+                done.append(f"cancelled orphan extension {orphan.job_id}")
         for rec in self.store.jobs.extensions(active_only=True):
             job = snap.job(rec.job_id)
             if job is None or job.state not in ACTIVE:
@@ -479,14 +484,9 @@ class Controller:
             elif job.is_pending and (dead := _unusable_nodes(snap, rec.nodelist)):
                 # Pinned (--nodelist) to a node that died before it started: it would pend forever and hold
                 # the job's growth; cancel it so a later cycle can grow onto a live node (docs/reliability.md).
-                try:
-                    self.slurm.cancel(rec.job_id)
-                except SlurmError as e:
-                    log.warning("cannot cancel extension %d pending on dead node(s): %s", rec.job_id, e)
-                    continue
-                self.store.jobs.update_extension(rec.job_id, state="CANCELLED", ended=True)
-                done.append(f"cancelled extension {rec.job_id} of job {rec.parent_job_id}: pending on "
-                            f"unusable node(s) {dead}")
+                if self._cancel_extension(rec.job_id, "extension pending on dead node(s)"):
+                    done.append(f"cancelled extension {rec.job_id} of job {rec.parent_job_id}: pending on "
+                                f"unusable node(s) {dead}")
             elif job.state != rec.state:
                 self.store.jobs.update_extension(rec.job_id, state=job.state, nodelist=",".join(job.nodes))
         for line in done:
