@@ -94,6 +94,13 @@ class ControllerProcess:
     def applied(self, job_id: int, kind: ActionKind) -> list[ActionRecord]:
         return [a for a in self.actions(job_id) if a.kind == kind and a.state == ActionState.APPLIED]
 
+    def wait_applied(self, job_id: int, kind: ActionKind, at_least: int, timeout: float = 15.0) -> list[ActionRecord]:
+        """The applied actions once there are `at_least`: Slurm shows a resize (a new size, a running extension)
+        as soon as scontrol or sbatch returns, and the journal marks the action applied just after."""
+        wait_until(f"{at_least} applied {kind.value} action(s) on job {job_id}",
+                   lambda: len(self.applied(job_id, kind)) >= at_least, timeout, self)
+        return self.applied(job_id, kind)
+
     def log_text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 

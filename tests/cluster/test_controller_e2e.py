@@ -49,7 +49,7 @@ def test_underused_job_shrinks_to_min_after_grace_signal(stack: Agents, tmp_path
     cluster.wait_state(job, {"RUNNING"})
     with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
         wait_until("the job to shrink to 1 node", lambda: node_count(cluster, job) == 1, 150, ctl)
-        shrinks = ctl.applied(job, ActionKind.SHRINK)
+        shrinks = ctl.wait_applied(job, ActionKind.SHRINK, 2)
     assert [(a.params["from"], a.params["to"]) for a in shrinks] == [(3, 2), (2, 1)]
     # The grace signal came before each shrink took nodes away, with the configured grace in between.
     graces = [float(line.split()[1]) for line in marker.read_text().splitlines() if line.startswith("grace")]
@@ -81,7 +81,7 @@ def test_busy_job_grows_to_max_with_extension_jobs_as_its_owner(stack: Agents, t
     with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
         wait_until("two running extension jobs", lambda: sum(
             1 for e in extensions_of(cluster, job) if e["job_state"] == "RUNNING") == 2, 150, ctl)
-        grows = ctl.applied(job, ActionKind.GROW)
+        grows = ctl.wait_applied(job, ActionKind.GROW, 2)
         time.sleep(18)  # past the cooldown, several more cycles at max: no third extension
         assert len(extensions_of(cluster, job)) == 2
         decisions = ctl.decisions(job)
@@ -131,7 +131,7 @@ def test_het_job_gpu_component_shrinks(stack: Agents, tmp_path: Path) -> None:
     assert node_count(cluster, comp_id) == 2
     with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
         wait_until("the GPU component to shrink to 1 node", lambda: node_count(cluster, comp_id) == 1, 120, ctl)
-        shrinks = ctl.applied(comp_id, ActionKind.SHRINK)
+        shrinks = ctl.wait_applied(comp_id, ActionKind.SHRINK, 1)
     assert [(a.params["from"], a.params["to"]) for a in shrinks] == [(2, 1)]
     assert node_count(cluster, leader) == 1  # the other component is untouched
 

@@ -142,7 +142,9 @@ def test_scavenger_extensions_preempted_by_slurm_are_recorded_and_not_regrown_wi
             wait_until("the job to regrow after the high job ended",
                        lambda: len(extensions_of(cluster, job, {"RUNNING"})) >= 1, 90, ctl)
             regrown = [e for e in extensions_of(cluster, job, {"RUNNING"}) if int(str(e["job_id"])) not in ext_ids]
-            regrow_actions = [a for a in ctl.applied(job, ActionKind.GROW) if a.id not in actions_before]
+            grows_before = len([a for a in ctl.applied(job, ActionKind.GROW) if a.id in actions_before])
+            regrow_actions = [a for a in ctl.wait_applied(job, ActionKind.GROW, grows_before + 1)
+                              if a.id not in actions_before]
     finally:
         if high is not None:
             cluster.cancel(high)
@@ -207,7 +209,8 @@ def test_node_failure_under_an_extension_is_recorded_and_the_job_regrows_when_th
                 "idle", "mixed", "allocated"}, 60, ctl)
             wait_until("the job to regrow onto the returned node", lambda: [
                 e for e in extensions_of(cluster, job, {"RUNNING"}) if e["nodes"] == victim], 90, ctl)
-            regrown = [a for a in ctl.applied(job, ActionKind.GROW) if a.id not in grows_before]
+            regrown = [a for a in ctl.wait_applied(job, ActionKind.GROW, len(grows_before) + 1)
+                       if a.id not in grows_before]
             st = ctl.store()
             try:
                 exts = st.jobs.extensions(job, active_only=False)

@@ -49,8 +49,7 @@ def test_shrink_extends_the_slurm_time_limit(stack: Agents, tmp_path: Path) -> N
     assert _time_limit_min(cluster, job) == 60
     with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
         wait_until("the job to shrink to 1 node", lambda: node_count(cluster, job) == 1, 75, ctl)
-        wait_until("the shrink to be journaled applied", lambda: ctl.applied(job, ActionKind.SHRINK), 10, ctl)
-        (shrink,) = ctl.applied(job, ActionKind.SHRINK)
+        (shrink,) = ctl.wait_applied(job, ActionKind.SHRINK, 1)
         decision = next(d for d in ctl.decisions(job) if d.action == "shrink")
     assert (shrink.params["from"], shrink.params["to"]) == (3, 1)
     remaining = float(str(decision.inputs["remaining_s"]))
