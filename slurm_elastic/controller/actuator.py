@@ -98,14 +98,7 @@ class Actuator:
         key = f"shrink:{d.unit_id}:{cycle_id}"
         deadline = now + timedelta(seconds=d.grace_s)
         params: dict[str, Any] = {
-            "from": d.current_nodes, "to": d.target_nodes, "reason": str(d.reason),
-            "cancel_extensions": list(plan.cancel_extensions),
-            "shrink_extension": ({"job_id": plan.shrink_extension.job_id,
-                                  "keep_nodes": list(plan.shrink_extension.keep_nodes)}
-                                 if plan.shrink_extension else None),
-            "leader_keep_nodes": list(plan.leader_keep_nodes) if plan.leader_keep_nodes is not None else None,
-            "released_nodes": list(plan.released_nodes), "admits": list(plan.admits),
-            "time_limit_add_s": plan.time_limit_add_s,
+            "from": d.current_nodes, "to": d.target_nodes, "reason": str(d.reason), **plan.to_dict(),
             "signal": d.signal, "grace_s": d.grace_s, "deadline": deadline.isoformat(),
         }
         action_id = self.store.journal.record_intent(

@@ -3,8 +3,9 @@
 The policy can only predict that freeing nodes lets a pending job start; Slurm decides. After the shrink is
 applied, each admitted job is followed: it started (good: logged with how long it took), or it still waits
 after ``verify_s`` (Slurm chose otherwise: a reservation, a limit, another job backfilled onto the nodes).
-The second case is logged once as a warning; the policy itself backs off for that job for ``admit_backoff_s``
-(``decide`` reads the journal's ``admits``), so nodes are not taken again for a job Slurm will not start.
+The second case is logged once as a warning; the policy itself backs off for that job until something changes
+(``decide`` reads the journal's ``admits`` and ``admit_basis``), at most ``admit_backoff_s``, so nodes are not
+taken again for a job Slurm will not start.
 Outcomes are counted in ``slurm_elastic_controller_admits{outcome=started|not_started|gone}``.
 """
 
@@ -78,7 +79,7 @@ def _log(r: AdmitOutcome) -> None:
                  r.action_id, r.unit_id, r.job_id, r.detail, r.after_s)
     elif r.outcome == "not_started":
         log.warning("shrink-to-admit (action %d, job %d): job %d did not start within %.0fs: %s; Slurm chose "
-                    "otherwise, no further shrink for it during admit_backoff_s", r.action_id, r.unit_id,
+                    "otherwise, no further shrink for it until a job on its partitions ends or its request changes", r.action_id, r.unit_id,
                     r.job_id, r.after_s, r.detail)
     else:
         log.info("shrink-to-admit (action %d, job %d): job %d %s", r.action_id, r.unit_id, r.job_id, r.detail)

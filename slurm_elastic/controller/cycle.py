@@ -33,6 +33,7 @@ from slurm_elastic.controller.utilization import utilization_from_samples, windo
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import (
     Action,
+    AdmitBasis,
     Decision,
     ElasticUnit,
     JobUtilization,
@@ -339,13 +340,15 @@ class Controller:
             if a.job_id not in units or a.kind not in _KIND_ACTION:
                 continue
             # A resize happens when it is applied (after the grace period for a shrink), not when it is decided.
-            # A shrink-to-admit names the pending jobs it was for: one record each, so decide() backs off for
-            # a job that Slurm did not start after all (admit_backoff_s).
+            # A shrink-to-admit names the pending jobs it was for, and what each was based on: one record each,
+            # so decide() backs off for a job that Slurm did not start after all, until something changes.
             admits: list[int | None] = [int(j) for j in a.params.get("admits") or []] or [None]
+            bases = _admit_bases(a)
             records.extend(ResizeRecord(at=a.finished_at or a.created_at, unit_id=a.job_id,
                                         action=_KIND_ACTION[a.kind], from_nodes=int(a.params.get("from", 0)),
                                         to_nodes=int(a.params.get("to", 0)), outcome=_STATE_OUTCOME[a.state],
-                                        reason=str(a.params.get("reason", "")), for_job=for_job)
+                                        reason=str(a.params.get("reason", "")), for_job=for_job,
+                                        admit_basis=bases.get(for_job) if for_job is not None else None)
                            for for_job in admits)
         return tuple(records)
 
@@ -513,3 +516,17 @@ def outcome_class(text: str) -> str:
     if low.startswith(("aborted", "job gone")):
         return "aborted"
     return "ok"
+
+
+def _admit_bases(action: ActionRecord) -> dict[int, AdmitBasis]:
+    """The admit bases a shrink-to-admit action recorded, by pending job. An entry that does not parse (a
+    hand-edited or older journal) is skipped: decide() then backs off on time alone for that job."""
+    out: dict[int, AdmitBasis] = {}
+    for raw in action.params.get("admit_basis") or []:
+        try:
+            basis = AdmitBasis.from_dict(raw)
+        except (KeyError, TypeError, ValueError):
+            log.warning("action %d: unreadable admit_basis entry %r ignored", action.id, raw)
+            continue
+        out[basis.job_id] = basis
+    return out

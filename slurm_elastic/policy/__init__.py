@@ -39,6 +39,7 @@ from slurm_elastic.policy.config import (
 from slurm_elastic.policy.decide import decide
 from slurm_elastic.policy.errors import PolicyInputError
 from slurm_elastic.policy.model import (
+    AdmitBasis,
     Decision,
     ElasticUnit,
     ExtensionJob,
@@ -59,6 +60,7 @@ __all__ = [
     "KEYS",
     "REASON_DOCS",
     "Action",
+    "AdmitBasis",
     "Basis",
     "Decision",
     "ElasticUnit",

@@ -31,7 +31,7 @@ from types import MappingProxyType
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver
 from slurm_elastic.policy.errors import PolicyInputError
 from slurm_elastic.policy.evaluate import evaluate
-from slurm_elastic.policy.model import Decision, GrowPlan, PolicyInput, ShrinkPlan
+from slurm_elastic.policy.model import Decision, GrowPlan, PolicyInput, ResizeRecord, ShrinkPlan
 from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.policy.shrink import plan_shrink, time_limit_extension_s
 from slurm_elastic.policy.walk import Walk
@@ -47,14 +47,16 @@ def decide(inp: PolicyInput, cfg: PolicyConfig, now: datetime) -> list[Decision]
     cfg = cfg.at(now)
     last_resize: dict[int, datetime] = {}
     last_grow: dict[int, datetime] = {}
-    admit_at: dict[int, datetime] = {}
+    admit_at: dict[int, ResizeRecord] = {}  # pending job -> the latest shrink-to-admit for it
     last_admit_victim: dict[int, datetime] = {}
     for rec in inp.history:
         _latest(last_resize, rec.unit_id, rec.at)
         if rec.action is Action.GROW:
             _latest(last_grow, rec.unit_id, rec.at)
         if rec.for_job is not None and rec.reason == Reason.SHRINK_TO_ADMIT:
-            _latest(admit_at, rec.for_job, rec.at)
+            seen = admit_at.get(rec.for_job)
+            if seen is None or rec.at > seen.at:
+                admit_at[rec.for_job] = rec
         if rec.reason == Reason.SHRINK_TO_ADMIT and rec.action is Action.SHRINK:
             _latest(last_admit_victim, rec.unit_id, rec.at)
     for unit in inp.units:
@@ -117,6 +119,8 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
 
     if w.taken > 0:  # a shrink: metric-driven, to admit a pending job, or both
         plan = plan_shrink(unit, w.removal(), w.taken, tuple(w.admits))
+        if w.admit_basis:
+            plan = replace(plan, admit_basis=tuple(w.admit_basis))
         add_s, extend = _time_limit_extension(w, ctx)
         if add_s:
             plan = replace(plan, time_limit_add_s=add_s)

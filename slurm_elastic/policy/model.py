@@ -149,11 +149,38 @@ class Outcome(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class AdmitBasis:
+    """What a shrink-to-admit for pending job ``job_id`` was based on, so that the policy can tell whether
+    anything changed since: the job's ``request`` (nodes, GRES per node, partitions) and ``holders``, the running
+    jobs (extension jobs aside) that held nodes of its partitions. Slurm not starting the job after the shrink
+    means it chose otherwise; shrinking again only makes sense once one of those holders ended or the request
+    changed (jobs that started since do not count: a backfilled job taking the freed nodes is the very case to
+    not chase)."""
+
+    job_id: int
+    request: str
+    holders: frozenset[int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "request": self.request, "holders": sorted(self.holders)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> AdmitBasis:
+        return cls(int(raw["job_id"]), str(raw["request"]), frozenset(int(h) for h in raw["holders"]))
+
+
+def admit_request(job: Job) -> str:
+    """A pending job's request as compared by :class:`AdmitBasis`."""
+    gres = ",".join(sorted(f"{g.name}:{g.type or ''}:{g.count}" for g in job.gres_per_node))
+    return f"{job.node_count}|{gres}|{job.partition}"
+
+
+@dataclass(frozen=True)
 class ResizeRecord:
     """One past resize of a unit (from the store's journal). Any outcome starts the cooldown.
 
-    ``for_job`` is the pending job a SHRINK_TO_ADMIT was made for (used to back off when Slurm does not start
-    it after all).
+    ``for_job`` is the pending job a SHRINK_TO_ADMIT was made for, ``admit_basis`` what it was based on (used
+    to back off when Slurm does not start the job after all, until something changes).
     """
 
     at: datetime
@@ -164,6 +191,7 @@ class ResizeRecord:
     outcome: Outcome
     reason: str = ""
     for_job: int | None = None
+    admit_basis: AdmitBasis | None = None
 
 
 @dataclass(frozen=True)
@@ -247,6 +275,7 @@ class ShrinkPlan:
     released_nodes: tuple[str, ...]
     admits: tuple[int, ...] = ()
     time_limit_add_s: int = 0
+    admit_basis: tuple[AdmitBasis, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -258,6 +287,7 @@ class ShrinkPlan:
             "released_nodes": list(self.released_nodes),
             "admits": list(self.admits),
             "time_limit_add_s": self.time_limit_add_s,
+            "admit_basis": [b.to_dict() for b in self.admit_basis],
         }
 
 

@@ -126,7 +126,8 @@ KEYS: tuple[KeyDef, ...] = (
            "a unit shrunk to admit a pending job is not shrunk for another one during this long (0: only the "
            "cooldown); protects long jobs from being every arrival's victim"),
     KeyDef("admit_backoff_s", Kind.DURATION, 1800, 0, _DAY, GLOBAL_ONLY,
-           "after a shrink-to-admit for a pending job, no further one for it during this long"),
+           "after a shrink-to-admit for a pending job, no further one for it until a job that held nodes of its "
+           "partitions ends or its request changes, and at most this long"),
     KeyDef("fair_share", Kind.BOOL, False, None, None, frozenset({Scope.GLOBAL, Scope.PARTITION}),
            "split a partition's spare nodes among grow candidates by account weights (sshare)"),
     KeyDef("max_extension_nodes_per_account", Kind.INT, -1, -1, MAX_NODES,

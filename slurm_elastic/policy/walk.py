@@ -27,7 +27,7 @@ from datetime import datetime
 from slurm_elastic.policy.capacity import FreeGres, Need, NodePool, Status, add_gres, fits, free_gres, need_of
 from slurm_elastic.policy.fairshare import account_weight, split_spare
 from slurm_elastic.policy.gpulimits import GpuLimitTracker
-from slurm_elastic.policy.model import PolicyInput
+from slurm_elastic.policy.model import AdmitBasis, PolicyInput, ResizeRecord, admit_request
 from slurm_elastic.policy.reasons import Action, Reason
 from slurm_elastic.policy.work import NO_ACCOUNT, Context, UnitWork
 from slurm_elastic.slurm.model import Job, Node
@@ -82,7 +82,7 @@ class Walk:
     inp: PolicyInput
     ctx: Context
     works: list[UnitWork]
-    admit_at: Mapping[int, datetime]
+    admit_at: Mapping[int, ResizeRecord]  # pending job -> the latest shrink-to-admit for it
     pool: NodePool = field(init=False)
     info: _NodeInfo = field(init=False)
     reserves: dict[str, int] = field(default_factory=dict)
@@ -100,9 +100,13 @@ class Walk:
     fair: dict[str, dict[str, int]] = field(default_factory=dict)  # partition -> account -> nodes left
     first_reserver: dict[str, Job] = field(default_factory=dict)
     gpu: GpuLimitTracker = field(init=False)  # Slurm's GPU limits (GrpTRES...) as quotas: policy/gpulimits.py
+    ext_ids: frozenset[int] = field(init=False)  # the units' extension jobs
+    running_ids: frozenset[int] = field(init=False)
 
     def __post_init__(self) -> None:
         snap = self.inp.snapshot
+        self.ext_ids = frozenset(e.job_id for u in self.inp.units for e in u.extensions)
+        self.running_ids = frozenset(j.job_id for j in snap.jobs if j.is_running)
         taken: set[str] = set()  # never free, whatever the node's state says
         for unit in self.inp.units:
             taken.update(unit.job.nodes)
@@ -176,7 +180,7 @@ class Walk:
 
     def run(self) -> None:
         self._reclaim()
-        ext_ids = {e.job_id for u in self.inp.units for e in u.extensions}
+        ext_ids = self.ext_ids
         block = self.ctx.cfg.pending_block_reasons
         events: list[tuple[tuple[int, int, int], Job | UnitWork]] = []
         for job in self.inp.snapshot.jobs:
@@ -250,10 +254,28 @@ class Walk:
                 self.first_reserver.setdefault(part, job)
         if len(got) >= count or not self.victims:
             return
-        when = self.admit_at.get(job.job_id)
-        if when is not None and (self.ctx.now - when).total_seconds() < self.ctx.cfg.admit_backoff_s:
-            return  # shrunk for it recently and it has not started: Slurm chose otherwise, back off
+        if self._backing_off(job):
+            return
         self._admit(job, parts, need, count - len(got))
+
+    def _backing_off(self, job: Job) -> bool:
+        """Shrunk for ``job`` before and it still waits: Slurm chose otherwise. No further shrink for it until
+        something changed (a job that held nodes of its partitions ended, or its request changed), and at
+        most admit_backoff_s after the last one."""
+        last = self.admit_at.get(job.job_id)
+        if last is None or (self.ctx.now - last.at).total_seconds() >= self.ctx.cfg.admit_backoff_s:
+            return False
+        basis = last.admit_basis
+        if basis is None:  # a journal entry from before bases were recorded: back off on time alone
+            return True
+        running = self.running_ids
+        return basis.request == admit_request(job) and basis.holders <= running
+
+    def _admit_basis(self, job: Job, parts: set[str]) -> AdmitBasis:
+        holders = frozenset(j.job_id for j in self.inp.snapshot.jobs
+                            if j.is_running and j.job_id not in self.ext_ids
+                            and any(not parts.isdisjoint(self.info.partitions(n)) for n in j.nodes))
+        return AdmitBasis(job.job_id, admit_request(job), holders)
 
     def _helps(self, name: str, holder: UnitWork, parts: set[str], need: Need) -> bool:
         """Would node ``name`` fit the pending job once ``holder`` gives it back?"""
@@ -300,10 +322,13 @@ class Walk:
             self.failed_admits[memo] = min(deficit, failed_at if failed_at is not None else deficit)
             return
         self.claimed.update(claims)
+        basis = self._admit_basis(job, part_set) if tentative else None
         for w, k in tentative:
             w.taken += k
             w.admit_taken += k
             w.admits.append(job.job_id)
+            assert basis is not None
+            w.admit_basis.append(basis)
             w.admit_priority = max(w.admit_priority, job.priority)
 
     # --- grow intents ---------------------------------------------------------------------------------------------

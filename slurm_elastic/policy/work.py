@@ -8,7 +8,7 @@ from datetime import datetime
 
 from slurm_elastic.policy.capacity import Need
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver, UnitSettings
-from slurm_elastic.policy.model import ElasticUnit, JobUtilization, Scalar
+from slurm_elastic.policy.model import AdmitBasis, ElasticUnit, JobUtilization, Scalar
 from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.policy.shrink import Removable, removal_order
 
@@ -37,6 +37,7 @@ class UnitWork:
     taken: int = 0  # nodes committed to removal
     admit_taken: int = 0
     admits: list[int] = field(default_factory=list)
+    admit_basis: list[AdmitBasis] = field(default_factory=list)
     admit_priority: int = 0
     reclaim_taken: int = 0
     order: list[Removable] | None = None

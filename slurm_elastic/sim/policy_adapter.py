@@ -58,6 +58,7 @@ from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import (
     Action,
+    AdmitBasis,
     Decision,
     ElasticUnit,
     ExtensionJob,
@@ -210,7 +211,7 @@ class _Inflight:
     target: int
     due: float  # when the engine is asked (after the grace period for a shrink)
     sent: bool = False
-    admits: tuple[int, ...] = ()
+    admits: tuple[AdmitBasis, ...] = ()
     time_limit_add_s: int = 0
 
 
@@ -371,12 +372,12 @@ class ProductionPolicy:
         self._journal(done, flight.admits)
         del self._inflight[view.job_id]
 
-    def _journal(self, record: ResizeRecord, admits: tuple[int, ...] = ()) -> None:
+    def _journal(self, record: ResizeRecord, admits: tuple[AdmitBasis, ...] = ()) -> None:
         self._last_any[record.unit_id] = record
         if record.action is Action.GROW:
             self._last_grow[record.unit_id] = record
-        for job_id in admits:
-            self._admits[job_id] = replace(record, for_job=job_id)
+        for basis in admits:
+            self._admits[basis.job_id] = replace(record, for_job=basis.job_id, admit_basis=basis)
 
     # ------------------------------------------------------------------ policy input
 
@@ -437,7 +438,7 @@ class ProductionPolicy:
             trace_id = self._trace_ids[d.unit_id]
             if d.action is Action.HOLD or trace_id in self._inflight:
                 continue
-            admits = d.shrink.admits if d.shrink is not None and d.reason is Reason.SHRINK_TO_ADMIT else ()
+            admits = d.shrink.admit_basis if d.shrink is not None and d.reason is Reason.SHRINK_TO_ADMIT else ()
             record = ResizeRecord(at=t, unit_id=d.unit_id, action=d.action, from_nodes=d.current_nodes,
                                   to_nodes=d.target_nodes, outcome=Outcome.INTENT, reason=str(d.reason))
             self._journal(record, admits)

@@ -323,3 +323,25 @@ def test_shrink_to_admit_backs_off_when_slurm_does_not_start_the_admitted_job(
     assert sorted((a.params["from"], a.params["to"]) for a in shrinks) == [(2, 1), (3, 2)]
     run(ctl, clock, 80)
     assert slurm.jobs[10].node_count == 1
+
+
+def test_shrink_to_admit_tries_again_once_a_job_that_held_the_partition_ended() -> None:
+    """The journal keeps what a shrink-to-admit was based on (the holders of the pending job's partition). A
+    backfilled job taking the freed node is no change; a holder that ends is, even when another job takes its
+    node at once: the controller shrinks again for the pending job well inside admit_backoff_s."""
+    ctl, slurm, agents, clock, store = _admit_world(backoff_s=1800)
+    slurm.add_job(20, ["n4"], user="bob")  # holds the last node; no free node at all
+    agents.util[("n4", 20)] = 60.0
+    slurm.jobs[50] = replace(slurm.jobs[50], node_count=1)
+    run(ctl, clock, 10)
+    (first,) = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]
+    assert first.params["admit_basis"] == [{"job_id": 50, "request": "1|gpu::4|train", "holders": [10, 20]}]
+    slurm.add_job(60, ["n3"], user="bob")  # Slurm backfilled the freed node
+    run(ctl, clock, 200)  # 400 s, past the cooldown: nothing changed, no further shrink
+    assert len([a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]) == 1
+    slurm.jobs[20] = replace(slurm.jobs[20], state="COMPLETED")
+    slurm.add_job(70, ["n4"], user="bob")  # job 20 ended and job 70 took its node at once
+    run(ctl, clock, 10)
+    shrinks = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]
+    assert sorted((a.params["from"], a.params["to"]) for a in shrinks) == [(2, 1), (3, 2)]
+    assert (clock() - first.finished_at).total_seconds() < 1800  # type: ignore[operator]

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from slurm_elastic.policy import Action, Basis, Decision, ElasticUnit, JobUtilization, Reason, ResizeRecord, decide
+from slurm_elastic.policy import (
+    Action,
+    AdmitBasis,
+    Basis,
+    Decision,
+    ElasticUnit,
+    JobUtilization,
+    Reason,
+    ResizeRecord,
+    decide,
+)
+from slurm_elastic.policy.model import admit_request
 from slurm_elastic.slurm.model import Job, Node
 from tests.unit.policy_builders import NOW, cfg, ext, job, make_input, node, nodes, pending, record, unit, util
 
@@ -123,6 +135,7 @@ def test_protected_and_paused_units_are_not_victims() -> None:
 
 
 def test_back_off_after_an_admit_that_did_not_start_the_job() -> None:
+    """A journal entry without a basis (written before bases were recorded): back off on time alone."""
     u = unit(job(100, nodes=("n1", "n2", "n3"), priority=10))
     busy = _busy("n1", "n2", "n3")
     shrunk = record(100, 900, Action.SHRINK, from_nodes=4, to_nodes=3, reason="SHRINK_TO_ADMIT", for_job=900)
@@ -130,6 +143,59 @@ def test_back_off_after_an_admit_that_did_not_start_the_job() -> None:
     assert d.action is Action.HOLD
     d = _run([u], busy, [pending(900, priority=100)], history=[shrunk], admit_backoff_s=600)[100]
     assert d.reason is Reason.SHRINK_TO_ADMIT
+
+
+def test_the_shrink_records_what_it_was_based_on() -> None:
+    u = unit(job(100, nodes=("n1", "n2", "n3"), priority=10), exts=[ext(101, ("n5",))])
+    other = job(200, nodes=("n4",), priority=10)
+    ext_job = job(101, nodes=("n5",), priority=10)  # the extension job as Slurm lists it
+    elsewhere = job(300, nodes=("m1",), partition="other")
+    all_nodes = [*_busy("n1", "n2", "n3", "n4", "n5"), node("m1", used=4, partitions=("other",))]
+    pend = pending(900, count=2, priority=100)
+    inp = make_input([u], all_nodes, pending_jobs=[pend], other_jobs=[other, ext_job, elsewhere],
+                     utils=[util(100, 60)])
+    (d,) = decide(inp, cfg(shrink_to_admit=True), NOW)
+    assert d.reason is Reason.SHRINK_TO_ADMIT and d.shrink is not None
+    (basis,) = d.shrink.admit_basis
+    # The holders of the pending job's partition, the unit's own extension jobs aside (a shrink that cancels
+    # one must not read as "something changed"); the job in another partition is not one.
+    assert (basis.job_id, basis.holders) == (900, frozenset({100, 200}))
+    assert basis.request == admit_request(pend) == "2|gpu::4|gpu"
+    assert AdmitBasis.from_dict(d.shrink.to_dict()["admit_basis"][0]) == basis
+
+
+def _after_admit(holders: frozenset[int], *, seconds_ago: float = 900) -> ResizeRecord:
+    """A shrink-to-admit for pending(900) ``seconds_ago`` (past the cooldown), with its basis."""
+    return replace(record(100, seconds_ago, Action.SHRINK, from_nodes=4, to_nodes=3, reason="SHRINK_TO_ADMIT",
+                          for_job=900), admit_basis=AdmitBasis(900, admit_request(pending(900, priority=100)),
+                                                               holders))
+
+
+def test_back_off_until_something_changes() -> None:
+    """Slurm did not start the job after a shrink for it. No further shrink while nothing changed, even once a
+    backfilled job took the freed node; one as soon as a job that held nodes of its partition ended, or its
+    request changed; and one after admit_backoff_s in any case."""
+    u = unit(job(100, nodes=("n1", "n2", "n3"), priority=10))
+    pend = pending(900, priority=100)
+    holder = job(200, nodes=("n4",), priority=10)
+    backfilled = job(300, nodes=("n5",), priority=10, started_ago=60)
+    all_nodes = _busy("n1", "n2", "n3", "n4", "n5")
+    shrunk = _after_admit(frozenset({100, 200}))
+
+    def decision(others: list[Job], pend_job: Job = pend, hist: ResizeRecord = shrunk) -> Decision:
+        inp = make_input([u], all_nodes, pending_jobs=[pend_job], other_jobs=others, utils=[util(100, 60)],
+                         history=[hist])
+        (d,) = decide(inp, cfg(shrink_to_admit=True, admit_backoff_s=1800), NOW)
+        return d
+
+    held = decision([holder, backfilled])
+    assert (held.action, held.reason) == (Action.HOLD, Reason.IN_BAND)  # nothing changed: one started, none ended
+    replaced = job(400, nodes=("n4",), priority=10, started_ago=5)
+    assert decision([replaced, backfilled]).reason is Reason.SHRINK_TO_ADMIT  # job 200 ended
+    bigger = pending(900, count=2, priority=100)
+    assert decision([holder, backfilled], bigger).reason is Reason.SHRINK_TO_ADMIT  # the request changed
+    old = _after_admit(frozenset({100, 200}), seconds_ago=1801)
+    assert decision([holder, backfilled], hist=old).reason is Reason.SHRINK_TO_ADMIT  # past admit_backoff_s
 
 
 def test_a_victim_does_not_also_grow() -> None:
