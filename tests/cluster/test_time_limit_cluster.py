@@ -1,7 +1,10 @@
-"""On the real cluster: a shrink raises the job's Slurm time limit (extend_time_limit_on_shrink, on by default).
+"""On the real cluster, the rules that read a job's Slurm time limit.
 
-An underused 3-node job with ``--time=60`` shrinks to 1 node in one step; its TimeLimit, as Slurm reports it,
-grows by the remaining time x (3/1 - 1), rounded up to whole minutes, as the decision computed.
+- A shrink raises the job's Slurm time limit (extend_time_limit_on_shrink, on by default): an underused 3-node
+  job with ``--time=60`` shrinks to 1 node in one step; its TimeLimit, as Slurm reports it, grows by the
+  remaining time x (3/1 - 1), rounded up to whole minutes, as the decision computed.
+- Restart-cost awareness: of two equally busy jobs, the one whose remaining time can not pay back the restart
+  cost holds (RESTART_COST), the one with an hour left grows.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import pytest
 from slurm_elastic.store.records import ActionKind
 from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
+    TEST_POLICY,
     controller_config,
     elastic_script,
+    marker_file,
     node_count,
     running_controller,
     wait_until,
@@ -63,3 +68,32 @@ def test_shrink_extends_the_slurm_time_limit(stack: Agents, tmp_path: Path) -> N
     assert _scontrol_time_limit(cluster, job) == f"{new // 60:02d}:{new % 60:02d}:00"
     assert f"time limit 60 -> {new} min (+{add_s // 60}min)" in shrink.message
     assert f"time limit +{add_s // 60}min" in decision.message
+
+
+def test_a_grow_that_can_not_pay_back_its_restart_is_not_made(stack: Agents, tmp_path: Path) -> None:
+    """restart_cost_s = 300: the 10-minute job can gain at most (600 - 300) s x efficiency x 1/1 <= 300 s, so it
+    holds; the 60-minute job gains about 3,300 s x efficiency and grows by one node."""
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    directives = "#ELASTIC --min-nodes 1 --max-nodes 2 --window 10s --cooldown 15s --grace 3s --signal USR2"
+    cfg = controller_config(tmp_path, stack)
+    (tmp_path / "policy.toml").write_text(TEST_POLICY + "restart_cost_aware = true\nrestart_cost_s = 300\n")
+    short = cluster.submit(elastic_script(90, directives, marker), "-N1", "--gres=gpu:2", "--time=10",
+                           user="alice")
+    long = cluster.submit(elastic_script(90, directives, marker), "-N1", "--gres=gpu:2", "--time=60", user="bob")
+    cluster.wait_state(short, {"RUNNING"})
+    cluster.wait_state(long, {"RUNNING"})
+    with running_controller(cluster, cfg) as ctl:
+        (grow,) = ctl.wait_applied(long, ActionKind.GROW, 1, timeout=90)
+        wait_until("three RESTART_COST holds of the short job", lambda: len(
+            [d for d in ctl.decisions(short) if d.reason == "RESTART_COST"]) >= 3, 60, ctl)
+        assert ctl.applied(short, ActionKind.GROW) == []
+        held = [d for d in ctl.decisions(short) if d.reason == "RESTART_COST"]
+        grown = next(d for d in ctl.decisions(long) if d.action == "grow")
+    assert (grow.params["from"], grow.params["to"]) == (1, 2)
+    for d in held:
+        assert d.action == "hold" and d.inputs["restart_cost_s"] == 300.0
+        assert d.inputs["restart_cost.source"] == "global"
+        assert float(str(d.inputs["expected_gain_s"])) <= 300.0
+        assert "<= restart cost 300s" in d.message
+    assert float(str(grown.inputs["expected_gain_s"])) > 300.0 and grown.inputs["restart_cost_s"] == 300.0
