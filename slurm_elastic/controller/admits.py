@@ -79,7 +79,7 @@ def _log(r: AdmitOutcome) -> None:
                  r.action_id, r.unit_id, r.job_id, r.detail, r.after_s)
     elif r.outcome == "not_started":
         log.warning("shrink-to-admit (action %d, job %d): job %d did not start within %.0fs: %s; Slurm chose "
-                    "otherwise, no further shrink for it until a job on its partitions ends or its request changes", r.action_id, r.unit_id,
-                    r.job_id, r.after_s, r.detail)
+                    "otherwise, no further shrink for it until a job on its partitions ends or its request "
+                    "changes", r.action_id, r.unit_id, r.job_id, r.after_s, r.detail)
     else:
         log.info("shrink-to-admit (action %d, job %d): job %d %s", r.action_id, r.unit_id, r.job_id, r.detail)

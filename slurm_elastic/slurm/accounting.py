@@ -1,4 +1,5 @@
-"""Parsers for Slurm's accounting reads: ``sshare`` (fair-share weights) and ``sacctmgr`` GPU limits.
+"""Parsers for Slurm's accounting reads: ``sshare`` (fair-share weights), ``sacctmgr`` GPU limits and ``sacct``
+final job states.
 
 Pure text -> typed values; :class:`slurm_elastic.slurm.adapter.SlurmCli` runs the commands.
 
@@ -14,6 +15,9 @@ factor). An account row has an empty User column; sshare indents the Account col
 ``sacctmgr -n -P show qos format=Name,GrpTRES,MaxTRESPerUser,MaxTRESPerAccount``): the ``gres/gpu=N`` part of a
 TRES string, untyped only (a typed ``gres/gpu:a100=N`` limit is not read). Unlimited is an absent entry (Slurm
 prints nothing, or ``-1`` in some releases).
+
+**Final states** (``sacct -n -P -X -o JobID,State -j <ids>``): how a job that has left ``squeue`` (after
+``MinJobAge``) ended, e.g. ``PREEMPTED`` or ``NODE_FAIL``. ``CANCELLED by 0`` is read as ``CANCELLED``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from slurm_elastic.slurm.errors import SlurmParseError
 SSHARE_FIELDS = ("Account", "User", "RawShares", "NormShares", "FairShare", "LevelFS")
 ASSOC_FIELDS = ("Cluster", "Account", "User", "Partition", "ParentName", "GrpTRES")
 QOS_FIELDS = ("Name", "GrpTRES", "MaxTRESPerUser", "MaxTRESPerAccount")
+SACCT_FIELDS = ("JobID", "State")
 
 
 @dataclass(frozen=True)
@@ -212,4 +217,19 @@ def parse_cluster_name(text: str) -> str | None:
         if sep and key.strip() == "ClusterName":
             return value.strip() or None
     return None
+
+
+def parse_sacct_states(text: str) -> dict[int, str]:
+    """Job id -> final state of ``sacct -n -P -X -o JobID,State`` rows. Rows of array tasks (``12_3``) and
+    het components (``12+1``) are skipped: extension jobs are plain jobs. A job listed twice (a requeued job
+    keeps its id) takes its last row."""
+    out: dict[int, str] = {}
+    for job_id, state in _rows(text, SACCT_FIELDS, "sacct"):
+        if not job_id.isdigit():
+            continue
+        words = state.split()
+        if not words:
+            raise SlurmParseError(f"sacct: empty State for job {job_id}")
+        out[int(job_id)] = words[0]
+    return out
 

@@ -21,18 +21,20 @@ import os
 import shutil
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from slurm_elastic.slurm import hostlist
 from slurm_elastic.slurm.accounting import (
     ASSOC_FIELDS,
     QOS_FIELDS,
+    SACCT_FIELDS,
     SSHARE_FIELDS,
     GpuLimits,
     account_weights,
     parse_assoc_limits,
     parse_cluster_name,
     parse_qos_limits,
+    parse_sacct_states,
     parse_sshare,
 )
 from slurm_elastic.slurm.errors import SlurmCommandError, SlurmError, SlurmParseError
@@ -52,6 +54,13 @@ class SlurmReader(Protocol):
     """Read side: one consistent-enough snapshot of jobs, nodes and partitions."""
 
     def snapshot(self) -> ClusterSnapshot: ...
+
+
+@runtime_checkable
+class FinalStateReader(Protocol):
+    """How jobs that have left squeue ended (the accounting database); optional: a site may run no slurmdbd."""
+
+    def final_states(self, job_ids: Sequence[int]) -> dict[int, str]: ...
 
 
 class SlurmControl(SlurmReader, Protocol):
@@ -157,6 +166,15 @@ class SlurmCli:
         assoc = self._accounting(["sacctmgr", "-n", "-P", "show", "assoc", f"format={','.join(ASSOC_FIELDS)}"])
         qos = self._accounting(["sacctmgr", "-n", "-P", "show", "qos", f"format={','.join(QOS_FIELDS)}"])
         return GpuLimits(assocs=parse_assoc_limits(assoc, self.cluster_name()), qos=parse_qos_limits(qos))
+
+    def final_states(self, job_ids: Sequence[int]) -> dict[int, str]:
+        """How jobs that left squeue ended, from the accounting database (``sacct``); a job sacct does not
+        know is absent. With ``-j``, sacct looks at any start time, not only today's."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        return parse_sacct_states(self._accounting(
+            ["sacct", "-n", "-P", "-X", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(str(i) for i in ids)]))
 
     # --- act -------------------------------------------------------------------------------------------
     def shrink(self, job: Job, keep_nodes: Sequence[str]) -> None:

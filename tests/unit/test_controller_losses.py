@@ -16,6 +16,7 @@ from slurm_elastic.controller.losses import LossRecorder, find_losses, loss_deci
 from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import Action, ElasticUnit, ExtensionJob, Outcome, Reason
+from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import DecisionFilter, ExtensionRecord
@@ -215,6 +216,56 @@ def test_a_lost_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed
     grows = store.decisions.list_decisions(DecisionFilter(job_id=10, action="grow", since=loss_at))
     assert grows and not any("ended on their own" in str(d.inputs.get("not_acted", "")) for d in grows)
     assert (clock() - loss_at).total_seconds() < 60
+
+
+class AccountingSlurm(DownSlurm):
+    """DownSlurm with an accounting database: the final states of jobs that left squeue (sacct)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.accounting: dict[int, str] = {}
+        self.sacct_error: SlurmError | None = None
+        self.sacct_calls: list[list[int]] = []
+
+    def final_states(self, job_ids: list[int]) -> dict[int, str]:
+        self.sacct_calls.append(list(job_ids))
+        if self.sacct_error is not None:
+            raise self.sacct_error
+        return {i: self.accounting[i] for i in job_ids if i in self.accounting}
+
+
+@pytest.mark.parametrize("sacct_works", [True, False])
+def test_a_loss_while_the_controller_was_away_is_read_from_sacct(sacct_works: bool,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """The extension was preempted and left squeue (MinJobAge) while no controller ran: the restarted one asks
+    sacct how it ended and records the loss. Without accounting it closes the record as ENDED, says so once,
+    and records nothing it can not know."""
+    clock = FakeClock(T0)
+    ctl, slurm, agents, store, ext_id = _grown(clock)
+    away = AccountingSlurm(clock)
+    away.jobs, away.next_id = slurm.jobs, slurm.next_id
+    nodes = slurm.jobs[ext_id].nodes
+    del away.jobs[ext_id]  # preempted, then purged from slurmctld's memory before anyone looked
+    away.accounting[ext_id] = "PREEMPTED"
+    if not sacct_works:
+        away.sacct_error = SlurmError("sacct: error: Problem talking to the database")
+    clock.advance(300)
+    restarted, _, _, _ = _world(clock, store)
+    restarted.slurm = away  # type: ignore[assignment]
+    restarted.reconcile()
+    restarted.reconcile()
+    restarted.run_cycle()
+    (rec,) = [r for r in store.jobs.extensions(10, active_only=False) if r.job_id == ext_id]
+    assert away.sacct_calls == [[ext_id]]  # asked once, only for the vanished job
+    if sacct_works:
+        assert rec.state == "PREEMPTED" and rec.ended_at is not None
+        (loss,) = _losses(store)
+        assert (loss.reason, loss.inputs["extension_job"], loss.inputs["slurm_state"]) == (
+            "PREEMPTED_BY_SLURM", ext_id, "PREEMPTED")
+        assert loss.inputs["lost_nodes"] == list(nodes) and (loss.current_nodes, loss.target_nodes) == (2, 1)
+    else:
+        assert rec.state == "ENDED" and rec.ended_at is not None and _losses(store) == []
+        assert caplog.text.count("sacct unreadable") == 1
 
 
 def test_node_down_under_a_running_extension_then_node_fail_is_one_loss() -> None:

@@ -1,5 +1,5 @@
-"""sshare weights and sacctmgr GPU limits: parsers on replies captured from the 22.05 test cluster, and the
-adapter's commands (argument lists, one try, typed errors)."""
+"""sshare weights, sacctmgr GPU limits and sacct final states: parsers on replies captured from the 22.05 test
+cluster, and the adapter's commands (argument lists, one try, typed errors)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from slurm_elastic.slurm.accounting import (
     parse_assoc_limits,
     parse_cluster_name,
     parse_qos_limits,
+    parse_sacct_states,
     parse_sshare,
 )
 from slurm_elastic.slurm.adapter import SlurmCli
@@ -116,6 +117,19 @@ def test_cluster_name() -> None:
     assert parse_cluster_name("SlurmctldPort = 6817\n") is None
 
 
+def test_sacct_final_states() -> None:
+    """Captured: ``sacct -n -P -X -o JobID,State -j 556,199,39,15,19,999999`` (999999 unknown: no row). A job
+    resized in place has a RESIZING row before its final one; het components (19+0) are not plain jobs."""
+    assert parse_sacct_states(captured("sacct_states.txt")) == {
+        15: "COMPLETED", 39: "CANCELLED", 199: "NODE_FAIL", 556: "PREEMPTED"}
+    assert parse_sacct_states("") == {}
+    assert parse_sacct_states("7|PREEMPTED|\n") == {7: "PREEMPTED"}  # a trailing separator
+    with pytest.raises(SlurmParseError, match="sacct: 4 columns"):
+        parse_sacct_states("7|PREEMPTED|x|\n")
+    with pytest.raises(SlurmParseError, match="empty State"):
+        parse_sacct_states("7|\n")
+
+
 class Runner:
     """Answers each command with a captured reply; records argv and the timeout it ran under."""
 
@@ -138,6 +152,7 @@ REPLIES = {
     "scontrol": captured("scontrol_show_config.txt"),
     "sacctmgr assoc": captured("sacctmgr_assoc.txt"),
     "sacctmgr qos": captured("sacctmgr_qos.txt"),
+    "sacct": captured("sacct_states.txt"),
 }
 
 
@@ -156,6 +171,16 @@ def test_adapter_reads_weights_and_limits_with_argument_lists() -> None:
     assert ("sacctmgr", "-n", "-P", "show", "qos", "format=Name,GrpTRES,MaxTRESPerUser,MaxTRESPerAccount") in argvs
     assert sum(1 for a in argvs if a[0] == "scontrol") == 1  # ClusterName read once
     assert all(t == SlurmCli.ACCOUNTING_TIMEOUT_S for _, t in runner.calls)
+
+
+def test_adapter_reads_final_states_in_one_sacct_call() -> None:
+    runner = Runner(REPLIES)
+    cli = SlurmCli(SlurmCommands(runner=runner, env={}))
+    assert cli.final_states([]) == {} and runner.calls == []  # nothing to ask
+    assert cli.final_states([556, 199, 556])[556] == "PREEMPTED"
+    ((argv, timeout),) = runner.calls
+    assert argv == ("sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", "199,556")
+    assert timeout == SlurmCli.ACCOUNTING_TIMEOUT_S
 
 
 def test_adapter_tries_accounting_reads_once_and_raises_typed_errors() -> None:
