@@ -6,6 +6,8 @@ a. Extensions in a preemptible QOS (``[extension] qos = "scavenger"``) are preem
 b. The slurmd under an extension is SIGKILLed; Slurm itself finds the node dead (SlurmdTimeout=60: measured
    NOT_RESPONDING after ~50 s, DOWN and the extension NODE_FAIL after ~95 s); the controller records
    NODE_FAILURE, and regrows onto the node once its slurmd is back and ReturnToService=2 returns it.
+c. The extension is preempted while no controller runs and slurmctld purges it (MinJobAge=120) before one
+   starts again: the restarted controller asks sacct how it ended and records PREEMPTED_BY_SLURM all the same.
 """
 
 from __future__ import annotations
@@ -165,6 +167,47 @@ def test_scavenger_extensions_preempted_by_slurm_are_recorded_and_not_regrown_wi
     print(f"\npreempted by Slurm: extensions {ext_ids} -> PREEMPTED by high job {high}; recorded "
           f"{[(d.current_nodes, d.target_nodes) for d in recorded]}; {len(during)} COOLDOWN holds; regrew with "
           f"{[e['job_id'] for e in regrown]}")
+
+
+
+def test_a_preemption_while_the_controller_was_down_is_read_from_sacct(stack: Agents, tmp_path: Path) -> None:
+    cluster = stack.cluster
+    directives = "#ELASTIC --min-nodes 1 --max-nodes 2 --window 10s --grace 3s --signal USR2"
+    job = cluster.submit(elastic_script(90, directives, marker_file(cluster)), "-N1", "--gres=gpu:2", "--time=60",
+                         "--nodelist=n1", user="alice")
+    cluster.wait_state(job, {"RUNNING"})
+    cfg = _config(tmp_path, stack, qos="scavenger")
+    high: int | None = None
+    try:
+        with running_controller(cluster, cfg) as ctl:
+            wait_until("a running extension job", lambda: len(extensions_of(cluster, job, {"RUNNING"})) == 1,
+                       120, ctl)
+            (ext,) = extensions_of(cluster, job, {"RUNNING"})
+            ext_id, ext_nodes = int(str(ext["job_id"])), str(ext["nodes"])
+            ctl.wait_applied(job, ActionKind.GROW, 1)
+        # No controller now. Slurm preempts the extension, and forgets it MinJobAge later.
+        high = cluster.submit("#!/bin/bash\nsleep 600\n", "-N3", "--exclude=n1", "--gres=gpu:4", "--time=30",
+                              "--qos=high", user="bob")
+        cluster.wait_state(high, {"RUNNING"}, timeout=60)
+        wait_until(f"extension {ext_id} purged from squeue", lambda: all(
+            int(str(j["job_id"])) != ext_id for j in _jobs(cluster)), 300)
+        with running_controller(cluster, cfg) as ctl:
+            wait_until("the loss recorded", lambda: losses(ctl, job), 30, ctl)
+            (loss,) = losses(ctl, job)
+            st = ctl.store()
+            try:
+                (rec,) = [r for r in st.jobs.extensions(job, active_only=False) if r.job_id == ext_id]
+            finally:
+                st.close()
+            leader_state = cluster.job_state(job)
+    finally:
+        if high is not None:
+            cluster.cancel(high)
+    assert rec.state == "PREEMPTED" and rec.ended_at is not None  # as sacct has it
+    assert (loss.action, loss.reason, loss.current_nodes, loss.target_nodes) == ("shrink", "PREEMPTED_BY_SLURM", 2, 1)
+    assert loss.inputs["extension_job"] == ext_id and loss.inputs["slurm_state"] == "PREEMPTED"
+    assert loss.inputs["lost_nodes"] == [ext_nodes]
+    assert leader_state == "RUNNING"
 
 
 def test_node_failure_under_an_extension_is_recorded_and_the_job_regrows_when_the_node_returns(
