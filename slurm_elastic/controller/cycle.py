@@ -200,7 +200,8 @@ class Controller:
         known = self.store.jobs.list_jobs(active_only=True)  # as last observed, before this cycle updates them
         before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
         self._observe_jobs(built.units, built.sources, built.not_elastic, snap, known)
-        for lost in self.losses.record(summary.cycle_id or 0, units, snap, now, previous_nodes=before):
+        for lost in self.losses.record(summary.cycle_id or 0, units, snap, now, previous_nodes=before,
+                                       fencing=token):
             if self.metrics is not None:
                 self.metrics.decisions.labels(lost.action, lost.reason).inc()
         open_by_unit = self._finish_pending_shrinks(snap, units, ctx, summary)
@@ -219,7 +220,7 @@ class Controller:
             self._cycle_metrics(self.metrics, snap, built.units, utilization, decisions, now=now)
         blocked = self._blocked(decisions, open_by_unit, now)
         new = [self._new_decision(d, blocked.get(d.unit_id)) for d in decisions]
-        ids = self.store.decisions.record_decisions(summary.cycle_id or 0, new)
+        ids = self.store.decisions.record_decisions(summary.cycle_id or 0, new, fencing=token)
         if self.cfg.dry_run:
             return
         for d, decision_id in zip(decisions, ids, strict=True):

@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from slurm_elastic.policy import Action, ElasticUnit, Outcome, Reason, ResizeRecord
 from slurm_elastic.slurm.model import ClusterSnapshot, Node
 from slurm_elastic.store import SqlStore
-from slurm_elastic.store.records import ActionKind, DecisionFilter, ExtensionRecord, NewDecision
+from slurm_elastic.store.records import ActionKind, DecisionFilter, ExtensionRecord, FencingToken, NewDecision
 
 log = logging.getLogger(__name__)
 
@@ -173,10 +173,13 @@ class LossRecorder:
         return out
 
     def record(self, cycle_id: int, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot,
-               now: datetime, previous_nodes: Mapping[int, Sequence[str]] | None = None) -> list[NewDecision]:
+               now: datetime, *, previous_nodes: Mapping[int, Sequence[str]] | None = None,
+               fencing: FencingToken | None = None) -> list[NewDecision]:
         """Record the losses not recorded before; returns the decisions written. Also in dry-run: the loss
         happened in Slurm whatever the controller does. ``previous_nodes`` are the leaders' node lists as last
-        observed (the store's job records before this cycle updates them), for leader node losses."""
+        observed (the store's job records before this cycle updates them), for leader node losses. With
+        ``fencing`` a controller that lost the lease since its check records nothing (LeaseLostError): the new
+        holder, which reads after taking the lease, records the loss once."""
         by_unit: dict[int, list[ExtensionRecord]] = {}
         for rec in self.store.jobs.extensions(active_only=False, ended_since=now - LOOKBACK):
             if rec.parent_job_id in units:
@@ -197,7 +200,7 @@ class LossRecorder:
             new = loss_decisions(unit, losses)
             if not new:
                 continue
-            self.store.decisions.record_decisions(cycle_id, new)
+            self.store.decisions.record_decisions(cycle_id, new, fencing=fencing)
             for d in new:
                 log.warning("job %s: %s %s->%s (%s: %s)", unit.job.display_id, d.action, d.current_nodes,
                             d.target_nodes, d.reason, d.message)

@@ -10,12 +10,14 @@ from sqlalchemy import func, select, update
 from slurm_elastic.store.coltypes import dump_json
 from slurm_elastic.store.database import Database, require_aware
 from slurm_elastic.store.errors import StoreInputError
+from slurm_elastic.store.lease_sql import check_fencing
 from slurm_elastic.store.models import CycleColumns, DecisionColumns
 from slurm_elastic.store.records import (
     CycleRecord,
     DecisionCount,
     DecisionFilter,
     DecisionRecord,
+    FencingToken,
     NewDecision,
 )
 
@@ -82,8 +84,11 @@ class SqlDecisions:
             return None if row is None else cycle_record(row)
 
     # --- decisions ------------------------------------------------------------------------------------------
-    def record_decisions(self, cycle_id: int, decisions: Sequence[NewDecision]) -> list[int]:
-        """Store one cycle's decisions in ONE transaction (all or none); their ids, in order."""
+    def record_decisions(self, cycle_id: int, decisions: Sequence[NewDecision], *,
+                         fencing: FencingToken | None = None) -> list[int]:
+        """Store one cycle's decisions in ONE transaction (all or none); their ids, in order. With ``fencing``,
+        only while that token still holds the lease (LeaseLostError otherwise, nothing written): a controller
+        that lost the lease mid-cycle must not record what the new holder records too (a loss counted twice)."""
         for d in decisions:
             _check(d)
         if not decisions:
@@ -91,6 +96,8 @@ class SqlDecisions:
         now = self._db.now()
         D = self._db.models.decision
         with self._db.write("record decisions") as s:
+            if fencing is not None:
+                check_fencing(s, self._db.models, fencing, now)
             rows = [
                 D(time=now, cycle_id=cycle_id, job_id=d.job_id, action=d.action, reason=d.reason,
                   message=d.message[:MAX_TEXT], inputs=dict(d.inputs), current_nodes=d.current_nodes,

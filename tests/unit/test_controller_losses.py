@@ -19,6 +19,7 @@ from slurm_elastic.policy import Action, ElasticUnit, ExtensionJob, Outcome, Rea
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store import SqlStore
+from slurm_elastic.store.errors import LeaseLostError
 from slurm_elastic.store.records import DecisionFilter, ExtensionRecord
 from tests.unit.storehelpers import FakeClock, memory_store
 from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
@@ -315,6 +316,32 @@ def test_dry_run_records_losses_too() -> None:
     unit = _unit((_ext(slurm.jobs[11]),))
     assert len(rec.record(cycle, {10: unit}, slurm.snapshot(), clock())) == 1
     assert rec.record(cycle, {10: unit}, slurm.snapshot(), clock()) == []
+
+
+def test_a_controller_that_lost_the_lease_records_no_loss_and_the_new_holder_records_it_once() -> None:
+    """HA handover: the old holder found the loss unrecorded, but its lease expired and the standby took it
+    before it wrote. Its write is fenced off (nothing written); the new holder records the loss exactly once."""
+    clock = FakeClock(T0)
+    store = memory_store(clock)
+    slurm = FakeSlurm(clock)
+    slurm.add_job(10, ["n1"])
+    ext = slurm.add_job(11, ["n2"])
+    slurm.jobs[11] = replace(ext, state="PREEMPTED")
+    store.jobs.record_extension(job_id=11, parent_job_id=10, node_count=1, state="RUNNING", nodelist="n2")
+    unit = _unit((_ext(slurm.jobs[11]),))
+    old = store.lease.acquire("ctl-a", timedelta(seconds=10))
+    assert old is not None
+    clock.advance(11)
+    new = store.lease.acquire("ctl-b", timedelta(seconds=10))
+    assert new is not None
+    cycle = store.decisions.begin_cycle(holder="ctl-a")
+    with pytest.raises(LeaseLostError):
+        LossRecorder(store).record(cycle, {10: unit}, slurm.snapshot(), clock(), fencing=old.token())
+    assert _losses(store) == []
+    cycle = store.decisions.begin_cycle(holder="ctl-b")
+    assert len(LossRecorder(store).record(cycle, {10: unit}, slurm.snapshot(), clock(), fencing=new.token())) == 1
+    assert LossRecorder(store).record(cycle, {10: unit}, slurm.snapshot(), clock(), fencing=new.token()) == []
+    assert len(_losses(store)) == 1
 
 
 # --- the extension QOS ---------------------------------------------------------------------------------------------
