@@ -135,8 +135,11 @@ def test_resolver_on_the_real_proc() -> None:
     env = {**os.environ, "SLURM_JOB_ID": "77", "SLURM_JOB_ACCOUNT": "nlp"}
     child = subprocess.Popen(["sleep", "60"], env=env)
     try:
-        for _ in range(1000):  # until exec'd: before that /proc shows the parent's environ
-            if Path(f"/proc/{child.pid}/comm").read_text().strip() == "sleep":
+        # Until the exec is complete: before it /proc shows the parent's environ, and the kernel renames the
+        # task (comm) before it sets up the new environ, so waiting for comm alone raced (1 run in ~10 failed).
+        for _ in range(1000):
+            if Path(f"/proc/{child.pid}/comm").read_text().strip() == "sleep" and \
+                    b"SLURM_JOB_ID=77\0" in Path(f"/proc/{child.pid}/environ").read_bytes():
                 break
             time.sleep(0.01)
         ref = ProcJobResolver("/proc").resolve([child.pid])[child.pid]
