@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -76,7 +76,10 @@ class Actuator:
             script_owner = unit.het_job_id if unit.het_job_id is not None else unit.job_id
             script = self.slurm.batch_script(script_owner)
             batch = snap.node(unit.batch_host) if unit.batch_host else None
-            req = build_request(unit, plan.nodes, key, now,
+            sub_min = _give_back_min(unit, plan.time_limit_sub_s)
+            # The extension never outlives the leader: its limit is the leader's once the give-back is done.
+            sized = replace(unit, time_limit_min=(unit.time_limit_min or 0) - sub_min) if sub_min else unit
+            req = build_request(sized, plan.nodes, key, now,
                                 rendezvous=rendezvous_endpoint(unit, batch.address if batch else None),
                                 base_env=self.extension_env, qos=self.extension_qos)
             ext_id = self.slurm.submit_as(req.user, script, req.sbatch_args, env=req.env)
@@ -87,8 +90,23 @@ class Actuator:
         self.store.jobs.record_extension(job_id=ext_id, parent_job_id=d.unit_id, node_count=len(plan.nodes),
                                          state="PENDING", action_id=action_id, idempotency_key=key,
                                          nodelist=",".join(plan.nodes))
-        self.store.journal.mark_applied(action_id, f"extension job {ext_id} on {','.join(plan.nodes)}")
-        return f"extension job {ext_id} submitted"
+        note = self._give_back_time_limit(unit, sub_min)
+        self.store.journal.mark_applied(action_id, f"extension job {ext_id} on {','.join(plan.nodes)}{note}")
+        return f"extension job {ext_id} submitted{note}"
+
+    def _give_back_time_limit(self, leader: Job, sub_min: int) -> str:
+        """After the extension is submitted: lower the leader's time limit by ``sub_min`` (out of what shrinks
+        added) and count it as given back. A failure is logged and leaves the grow applied."""
+        if sub_min <= 0:
+            return ""
+        try:
+            new = self.slurm.shorten_time_limit(leader, sub_min)
+        except SlurmError as e:
+            log.warning("job %s: giving back %d min of time limit after the grow failed: %s", leader.display_id,
+                        sub_min, _msg(e))
+            return f"; time limit give-back of -{sub_min}min failed: {_msg(e)}"
+        self.store.jobs.add_time_limit(leader.job_id, -sub_min)
+        return f"; time limit {leader.time_limit_min} -> {new} min (-{sub_min}min)"
 
     # --- shrink, phase 1: intent + grace signal ------------------------------------------------------------
     def start_shrink(self, d: Decision, decision_id: int | None, ctx: CycleContext) -> str:
@@ -184,7 +202,16 @@ class Actuator:
             log.warning("job %s: extending the time limit by %d min after the shrink failed: %s",
                         leader.display_id, add_min, _msg(e))
             return f"; time limit extension by +{add_min}min failed: {_msg(e)}"
+        self.store.jobs.add_time_limit(leader.job_id, add_min)  # what a later grow may give back
         return f"; time limit {leader.time_limit_min} -> {new} min (+{add_min}min)"
+
+
+def _give_back_min(leader: Job, sub_s: int) -> int:
+    """Whole minutes of a grow's time limit give-back; 0 for a job without a limit, or one it would end."""
+    sub_min = sub_s // 60
+    if leader.time_limit_min is None or leader.time_limit_min - sub_min < 1:
+        return 0
+    return sub_min
 
 
 def _nodes_after(p: Mapping[str, Any], leader: Job, snap: ClusterSnapshot, extension_ids: set[int]) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from slurm_elastic.controller.actuator import Actuator, CycleContext
@@ -28,7 +28,7 @@ from slurm_elastic.controller.losses import SLURM_LOSS_STATES, LossRecorder
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.controller.shares import AccountingCache
-from slurm_elastic.controller.units import SpecCache, build_units
+from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units
 from slurm_elastic.controller.utilization import utilization_from_samples, window_query_start
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import (
@@ -196,8 +196,9 @@ class Controller:
         ctx = CycleContext(cycle_id=summary.cycle_id or 0, token=token, now=now)
         built = build_units(snap, read_script=self._read_script, is_known_key=self._is_known_key,
                             cache=self.specs)
-        units = {u.unit_id: u for u in built.units}
         known = self.store.jobs.list_jobs(active_only=True)  # as last observed, before this cycle updates them
+        built = _with_time_limit_added(built, known)
+        units = {u.unit_id: u for u in built.units}
         before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
         self._observe_jobs(built.units, built.sources, built.not_elastic, snap, known)
         for lost in self.losses.record(summary.cycle_id or 0, units, snap, now, previous_nodes=before,
@@ -553,3 +554,14 @@ def _admit_bases(action: ActionRecord) -> dict[int, AdmitBasis]:
             continue
         out[basis.job_id] = basis
     return out
+
+
+def _with_time_limit_added(built: UnitsResult, known: Sequence[ElasticJobRecord]) -> UnitsResult:
+    """The units with what the controller has added to their time limits (the store keeps it; a grow may give
+    it back, see extend_time_limit_on_shrink)."""
+    added = {r.job_id: r.time_limit_added_min * 60 for r in known if r.time_limit_added_min > 0}
+    if not added:
+        return built
+    return replace(built, units=tuple(replace(u, time_limit_added_s=added[u.unit_id]) if u.unit_id in added else u
+                                      for u in built.units))
+

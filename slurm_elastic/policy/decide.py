@@ -33,7 +33,7 @@ from slurm_elastic.policy.errors import PolicyInputError
 from slurm_elastic.policy.evaluate import evaluate
 from slurm_elastic.policy.model import Decision, GrowPlan, PolicyInput, ResizeRecord, ShrinkPlan
 from slurm_elastic.policy.reasons import Action, Basis, Reason
-from slurm_elastic.policy.shrink import plan_shrink, time_limit_extension_s
+from slurm_elastic.policy.shrink import plan_shrink, time_limit_extension_s, time_limit_giveback_s
 from slurm_elastic.policy.walk import Walk
 from slurm_elastic.policy.work import Context, UnitWork
 
@@ -144,12 +144,14 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
                     shrink=plan)
     if w.action is Action.GROW and w.granted:
         remaining = job.remaining_seconds(ctx.now)
+        sub_s, give_back = _time_limit_giveback(w, ctx, w.current + len(w.granted))
         grow = GrowPlan(
             nodes=tuple(w.granted), partition=job.partition, gres_per_node=job.gres_per_node,
             tres_per_node=job.tres_per_node, user=job.user, account=job.account, qos=job.qos,
-            time_limit_s=None if remaining is None else max(0, int(remaining)),
+            time_limit_s=None if remaining is None else max(0, int(remaining) - sub_s),
+            time_limit_sub_s=sub_s,
         )
-        return make(Action.GROW, w.current + len(w.granted), w.reason, w.message, w.basis, grow=grow)
+        return make(Action.GROW, w.current + len(w.granted), w.reason, w.message + give_back, w.basis, grow=grow)
     if w.action is Action.GROW:  # refused by the walk
         return make(Action.HOLD, w.current, w.final or Reason.NO_FREE_NODES, w.message, w.basis)
     return make(Action.HOLD, w.current, w.reason, w.message, w.basis)
@@ -180,6 +182,23 @@ def _time_limit_extension(w: UnitWork, ctx: Context) -> tuple[int, str]:
 
 
 _NO_CAP = 1 << 62
+
+
+def _time_limit_giveback(w: UnitWork, ctx: Context, after: int) -> tuple[int, str]:
+    """extend_time_limit_on_shrink, on a grow: seconds to take back off the unit's time limit (out of what its
+    shrinks added), and the message suffix. (0, '') when off, nothing was added, or the job has no limit."""
+    s, added = w.settings, w.unit.time_limit_added_s
+    if s is None or not s.extend_time_limit_on_shrink or added <= 0:
+        return 0, ""
+    remaining = w.unit.job.remaining_seconds(ctx.now)
+    sub = time_limit_giveback_s(remaining, w.current, after, added)
+    w.inputs["time_limit_added_s"] = added
+    w.inputs["time_limit_sub_s"] = sub
+    if sub <= 0 or remaining is None:
+        return 0, ""
+    w.inputs["remaining_s"] = round(remaining, 1)
+    return sub, (f"; time limit -{sub // 60}min: {remaining:.0f}s left x (1 - {w.current}/{after}), out of "
+                 f"+{added // 60}min added by shrinks")
 
 
 def _cap(decisions: list[Decision], cap: int) -> list[Decision]:

@@ -56,12 +56,16 @@ class ElasticUnit:
     applied: the policy resolves every setting itself so that it can say where each value came from.
     ``submitted_nodes`` is the node count the job was submitted with, which is the max when no ``--max-nodes``
     directive was given (the controller keeps it; it defaults to the leader's current count).
+    ``time_limit_added_s`` is what shrinks added to the job's time limit and grows have not given back yet
+    (extend_time_limit_on_shrink; the controller keeps it): a grow gives back at most that much, so a job's
+    limit never ends below what its user asked for.
     """
 
     job: Job
     spec: ElasticSpec
     extensions: tuple[ExtensionJob, ...] = ()
     submitted_nodes: int | None = None
+    time_limit_added_s: int = 0
 
     @property
     def unit_id(self) -> int:
@@ -222,7 +226,9 @@ class GrowPlan:
     One job per decision, not one per node: its workers join the rendezvous together (one restart of the
     worker group, not one per node), it is one journal entry, and Slurm starts it all-or-nothing, which is
     what the policy counted. It runs as ``user`` with the leader's account, partition, QOS and GRES per node,
-    and a time limit of at most ``time_limit_s`` (the leader's remaining time; None: no limit).
+    and a time limit of at most ``time_limit_s`` (the leader's remaining time once ``time_limit_sub_s`` is
+    given back; None: no limit). ``time_limit_sub_s``: seconds to take off the leader's time limit, out of what
+    earlier shrinks added (extend_time_limit_on_shrink), since the remaining work now runs faster.
     """
 
     nodes: tuple[str, ...]
@@ -234,6 +240,7 @@ class GrowPlan:
     qos: str | None
     time_limit_s: int | None
     extension_jobs: int = 1
+    time_limit_sub_s: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -246,6 +253,7 @@ class GrowPlan:
             "qos": self.qos,
             "time_limit_s": self.time_limit_s,
             "extension_jobs": self.extension_jobs,
+            "time_limit_sub_s": self.time_limit_sub_s,
         }
 
 

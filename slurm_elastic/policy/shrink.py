@@ -90,3 +90,15 @@ def time_limit_extension_s(remaining_s: float | None, before: int, after: int, c
         return 0
     minutes = math.ceil(remaining_s * (before - after) / after / 60 - 1e-9)
     return min(minutes, cap_s // 60) * 60
+
+
+def time_limit_giveback_s(remaining_s: float | None, before: int, after: int, added_s: int) -> int:
+    """Seconds to take off a job's time limit when it grows from ``before`` to ``after`` nodes: the mirror of
+    :func:`time_limit_extension_s`. The remaining work now takes ``before / after`` of the time left, so
+    ``remaining * (1 - before / after)`` is no longer needed; at most ``added_s`` (what shrinks added and was
+    not given back), so the limit never ends below what the user asked for. Whole minutes, rounded down."""
+    if remaining_s is None or remaining_s <= 0 or added_s <= 0 or before <= 0 or after <= before:
+        return 0
+    spare_min = math.floor(remaining_s * (after - before) / after / 60 + 1e-9)
+    return min(spare_min * 60, added_s // 60 * 60)
+

@@ -77,7 +77,8 @@ class ResizeRequest:
     """Ask the engine to bring a running job to ``target_nodes`` whole nodes.
 
     ``time_limit_add_s``: seconds added to the job's time limit when the resize is applied (what the controller
-    does with ``scontrol update TimeLimit=`` after a shrink; extend_time_limit_on_shrink).
+    does with ``scontrol update TimeLimit=`` after a shrink; extend_time_limit_on_shrink); negative on a grow
+    that gives some of it back.
     """
 
     job_id: str

@@ -524,7 +524,7 @@ class Simulation:
         self._close_segment(job)
         self.cluster.give_back(job.alloc)
         self.cluster.take(new_alloc)
-        if req.time_limit_add_s > 0:  # before set_alloc: the running view carries the expected end
+        if req.time_limit_add_s:  # before set_alloc: the running view carries the expected end
             job.time_limit += req.time_limit_add_s
             self._earliest_end = None
         job.set_alloc(new_alloc)

@@ -203,6 +203,7 @@ class _Unit:
     throughput: dict[int, deque[ThroughputSample]] = field(default_factory=dict)
     leader_job: Job | None = None
     restarted: bool = False
+    time_limit_added_s: int = 0  # added by shrinks, not given back by grows (what the controller's store keeps)
 
 
 @dataclass
@@ -370,6 +371,8 @@ class ProductionPolicy:
         done = replace(record, outcome=Outcome.APPLIED if applied else Outcome.FAILED,
                        at=at(view.last_resize_time) if applied and view.last_resize_time is not None else record.at)
         self._journal(done, flight.admits)
+        if applied:
+            unit.time_limit_added_s = max(0, unit.time_limit_added_s + flight.time_limit_add_s)
         del self._inflight[view.job_id]
 
     def _journal(self, record: ResizeRecord, admits: tuple[AdmitBasis, ...] = ()) -> None:
@@ -403,7 +406,8 @@ class ProductionPolicy:
             exts = tuple(ExtensionJob(e.job_id, "RUNNING", tuple(e.nodes), len(e.nodes), e.start, e.start, e.nodes[0])
                          for e in state.exts)
             jobs.extend(e.job for e in state.exts)
-            unit = ElasticUnit(state.leader_job, state.spec, exts, submitted_nodes=state.start_nodes)
+            unit = ElasticUnit(state.leader_job, state.spec, exts, submitted_nodes=state.start_nodes,
+                               time_limit_added_s=state.time_limit_added_s)
             units.append(unit)
             oldest = now - self._window(unit, t) - self.sim.interval
             while state.samples and state.samples[0][0] < oldest:
@@ -443,7 +447,8 @@ class ProductionPolicy:
                                   to_nodes=d.target_nodes, outcome=Outcome.INTENT, reason=str(d.reason))
             self._journal(record, admits)
             due = now + (d.grace_s if d.action is Action.SHRINK else 0)
-            add = d.shrink.time_limit_add_s if d.shrink is not None else 0
+            add = (d.shrink.time_limit_add_s if d.shrink is not None
+                   else -d.grow.time_limit_sub_s if d.grow is not None else 0)  # a grow gives back
             self._inflight[trace_id] = _Inflight(record, d.target_nodes, due, admits=admits, time_limit_add_s=add)
         for trace_id, flight in self._inflight.items():
             if not flight.sent and flight.due <= now:

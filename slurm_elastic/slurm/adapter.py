@@ -68,6 +68,7 @@ class SlurmControl(SlurmReader, Protocol):
 
     def shrink(self, job: Job, keep_nodes: Sequence[str]) -> None: ...
     def extend_time_limit(self, job: Job, add_min: int) -> int: ...
+    def shorten_time_limit(self, job: Job, sub_min: int) -> int: ...
     def signal(self, job_id: int, signal: str, *, batch_only: bool = False) -> None: ...
     def cancel(self, job_id: int) -> None: ...
     def submit_as(
@@ -207,6 +208,19 @@ class SlurmCli:
             raise ResizeRefusedError(f"job {job.display_id}: a time limit extension must be at least 1 minute")
         new = int(job.time_limit_min) + int(add_min)
         # The raw id, as for shrink: a het component is addressed by its own job id.
+        self.cmd.run(["scontrol", "update", f"JobId={int(job.job_id)}", f"TimeLimit={new}"])
+        return new
+
+    def shorten_time_limit(self, job: Job, sub_min: int) -> int:
+        """Lower a job's time limit by ``sub_min`` minutes (a grow giving back what shrinks added); returns the
+        new limit. Absolute, like :meth:`extend_time_limit`; never below 1 minute."""
+        if job.time_limit_min is None:
+            raise ResizeRefusedError(f"job {job.display_id} has no time limit to shorten")
+        if sub_min < 1:
+            raise ResizeRefusedError(f"job {job.display_id}: a time limit reduction must be at least 1 minute")
+        new = int(job.time_limit_min) - int(sub_min)
+        if new < 1:
+            raise ResizeRefusedError(f"job {job.display_id}: refusing to lower its time limit to {new} min")
         self.cmd.run(["scontrol", "update", f"JobId={int(job.job_id)}", f"TimeLimit={new}"])
         return new
 

@@ -21,7 +21,7 @@ def job_record(row: ElasticJobColumns) -> ElasticJobRecord:
         spec_source=SpecSource(row.spec_source), spec_error=row.spec_error, current_nodes=row.current_nodes,
         min_nodes=row.min_nodes, max_nodes=row.max_nodes, nodelist=row.nodelist, gpus_per_node=row.gpus_per_node,
         state=row.state, paused=row.paused, submit_time=row.submit_time, first_seen=row.first_seen,
-        last_seen=row.last_seen, ended_at=row.ended_at,
+        last_seen=row.last_seen, ended_at=row.ended_at, time_limit_added_min=row.time_limit_added_min or 0,
     )
 
 
@@ -91,6 +91,17 @@ class SqlJobs:
             if row.ended_at is None:
                 row.ended_at = now
             return True
+
+    def add_time_limit(self, job_id: int, delta_min: int) -> int:
+        """Count ``delta_min`` more minutes (negative: fewer) as added to the job's time limit by the controller;
+        never below 0. Returns the new count; 0 for a job not recorded (nothing to give back later)."""
+        J = self._db.models.elastic_job
+        with self._db.write("record time limit change") as s:
+            row = s.get(J, job_id, with_for_update=True)
+            if row is None:
+                return 0
+            row.time_limit_added_min = max(0, (row.time_limit_added_min or 0) + int(delta_min))
+            return int(row.time_limit_added_min)
 
     def get_job(self, job_id: int) -> ElasticJobRecord | None:
         with self._db.read("read elastic job") as s:

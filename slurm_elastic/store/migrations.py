@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Column, Engine, inspect, select, update
+from sqlalchemy import Column, Engine, Integer, inspect, select, update
 from sqlalchemy.engine import Connection
 
 from slurm_elastic.store.engine import BEGIN_OPTION
@@ -33,11 +33,22 @@ from slurm_elastic.store.errors import (
 )
 from slurm_elastic.store.models import Models
 
-CURRENT_SCHEMA_VERSION = 1
+CURRENT_SCHEMA_VERSION = 2
 
 Migration = Callable[[Connection, Models], None]
-# N -> the function taking schema N to N+1. Empty while there is only version 1.
-MIGRATIONS: Mapping[int, Migration] = {}
+
+
+def _add_time_limit_added(conn: Connection, models: Models) -> None:
+    """1 -> 2: elastic_jobs.time_limit_added_min, the minutes the controller added to a job's time limit on
+    shrinks and has not given back (extend_time_limit_on_shrink). Nullable: existing rows mean none. Runs again
+    harmlessly (MySQL commits DDL at once, so a failed step may be half applied)."""
+    table = f"{models.prefix}elastic_jobs"
+    if "time_limit_added_min" not in {c["name"] for c in inspect(conn).get_columns(table)}:
+        op_add_column(conn, table, Column("time_limit_added_min", Integer, nullable=True))
+
+
+# N -> the function taking schema N to N+1.
+MIGRATIONS: Mapping[int, Migration] = {1: _add_time_limit_added}
 
 
 @dataclass(frozen=True)

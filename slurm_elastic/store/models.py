@@ -85,6 +85,9 @@ class ElasticJobColumns(_Row):
     first_seen: Mapped[datetime] = mapped_column(UtcDateTime)
     last_seen: Mapped[datetime] = mapped_column(UtcDateTime)
     ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime, index=True)
+    # Minutes the controller added to the job's time limit on shrinks and has not given back on grows
+    # (schema 2; NULL in rows written before: none).
+    time_limit_added_min: Mapped[int | None] = mapped_column(Integer)
 
 
 class CycleColumns(_Row):

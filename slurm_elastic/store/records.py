@@ -223,6 +223,7 @@ class ElasticJobRecord:
     first_seen: datetime
     last_seen: datetime
     ended_at: datetime | None
+    time_limit_added_min: int = 0  # added on shrinks, not yet given back on grows (extend_time_limit_on_shrink)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ class FakeSlurm:
                       for i in range(1, 5)]
         self.jobs: dict[int, Job] = {}
         self.calls: list[tuple[str, object]] = []
+        self.sbatch_args: list[dict[str, str]] = []
         self.next_id = 100
 
     def add_job(self, job_id: int, nodes: Sequence[str], *, user: str = "alice", comment: str = "") -> Job:
@@ -78,6 +79,12 @@ class FakeSlurm:
         self.jobs[job.job_id] = replace(self.jobs[job.job_id], time_limit_min=new)
         return new
 
+    def shorten_time_limit(self, job: Job, sub_min: int) -> int:
+        self.calls.append(("shorten", (job.job_id, sub_min)))
+        new = (job.time_limit_min or 0) - sub_min
+        self.jobs[job.job_id] = replace(self.jobs[job.job_id], time_limit_min=new)
+        return new
+
     def signal(self, job_id: int, signal: str, *, batch_only: bool = False) -> None:
         self.calls.append(("signal", (job_id, signal)))
 
@@ -89,6 +96,7 @@ class FakeSlurm:
     def submit_as(self, user: str, script: str, sbatch_args: Sequence[str],
                   env: Mapping[str, str] | None = None) -> int:
         args = dict(a.split("=", 1) for a in sbatch_args if "=" in a)
+        self.sbatch_args.append(args)
         self.next_id += 1
         self.calls.append(("submit", (user, args["--nodelist"])))
         self.add_job(self.next_id, args["--nodelist"].split(","), user=user, comment=args["--comment"])

@@ -1,5 +1,6 @@
-"""After a shrink the actuator raises the job's time limit by the plan's extension (extend_time_limit_on_shrink);
-the adapter's argument list; a failure to extend is recorded and never undoes the shrink."""
+"""After a shrink the actuator raises the job's time limit by the plan's extension (extend_time_limit_on_shrink)
+and counts it in the store; a later grow gives (some of) it back; the adapter's argument lists; a failure to
+extend is recorded and never undoes the shrink."""
 
 from __future__ import annotations
 
@@ -64,6 +65,16 @@ def test_adapter_refuses_unlimited_jobs_and_empty_extensions() -> None:
     assert rec.argvs == []
 
 
+def test_adapter_shortens_to_an_absolute_limit_and_never_to_nothing() -> None:
+    rec = _Recorder()
+    assert _cli(rec).shorten_time_limit(_job(870), 269) == 601
+    assert rec.argvs == [["scontrol", "update", "JobId=42", "TimeLimit=601"]]
+    for limit, sub in ((None, 5), (60, 0), (60, 60)):
+        with pytest.raises(ResizeRefusedError):
+            _cli(rec).shorten_time_limit(_job(limit), sub)
+    assert len(rec.argvs) == 1
+
+
 def test_adapter_types_slurms_refusal() -> None:
     rec = _Recorder([(1, "slurm_update error: Access/permission denied")])
     with pytest.raises(SlurmCommandError):
@@ -77,7 +88,7 @@ class _FailingExtend(FakeSlurm):
         raise SlurmCommandError(["scontrol"], 1, "slurm_update error: Access/permission denied")
 
 
-def _shrunk(slurm: FakeSlurm, policy_text: str = "") -> tuple[SqlStore, FakeSlurm]:
+def _shrunk_world(slurm: FakeSlurm, policy_text: str = "") -> tuple[Controller, SqlStore, Agents]:
     clock = slurm.clock
     assert isinstance(clock, FakeClock)
     store = memory_store(clock)
@@ -89,6 +100,11 @@ def _shrunk(slurm: FakeSlurm, policy_text: str = "") -> tuple[SqlStore, FakeSlur
     for n in ("n1", "n2", "n3"):
         agents.util[(n, 20)] = 5.0
     run(ctl, clock, 10)  # window filled, shrink decided and signalled, grace over, nodes released
+    return ctl, store, agents
+
+
+def _shrunk(slurm: FakeSlurm, policy_text: str = "") -> tuple[SqlStore, FakeSlurm]:
+    _, store, _ = _shrunk_world(slurm, policy_text)
     return store, slurm
 
 
@@ -110,6 +126,34 @@ def test_shrink_then_the_time_limit_grows_by_the_plans_extension() -> None:
     assert decision.inputs["time_limit_add_s"] == add_s and "time limit +270min" in decision.message
 
 
+def test_a_later_grow_gives_back_what_the_shrink_added() -> None:
+    """Shrunk 3 -> 2 with +270 min, then busy again: the grow 2 -> 3 takes remaining x (1 - 2/3) off the limit
+    (about 269 min, at most the 270 added), counts it as given back, and the extension job's --time is the
+    leader's new remaining time."""
+    slurm = FakeSlurm(FakeClock(T0))
+    ctl, store, agents = _shrunk_world(slurm)
+    rec = store.jobs.get_job(20)
+    assert rec is not None and rec.time_limit_added_min == 270 and slurm.jobs[20].time_limit_min == 870
+    for n in slurm.jobs[20].nodes:
+        agents.util[(n, 20)] = 95.0
+    clock = slurm.clock
+    assert isinstance(clock, FakeClock)
+    run(ctl, clock, 15)  # past the 20 s cooldown and a fresh window
+    (grow,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.GROW]
+    assert grow.state == ActionState.APPLIED
+    (shorten,) = [c for c in slurm.calls if c[0] == "shorten"]
+    sub = shorten[1][1]  # type: ignore[index]
+    assert 265 <= sub <= 270  # ~48,500 s left x 1/3, in whole minutes, capped at the 270 added
+    names = [c[0] for c in slurm.calls]
+    assert names.index("shorten") > names.index("submit")  # after the extension is submitted
+    assert slurm.jobs[20].time_limit_min == 870 - sub
+    rec = store.jobs.get_job(20)
+    assert rec is not None and rec.time_limit_added_min == 270 - sub
+    assert f"time limit 870 -> {870 - sub} min (-{sub}min)" in (grow.message or "")
+    left_min = (870 - sub) - (clock() - slurm.jobs[20].start_time).total_seconds() / 60  # type: ignore[operator]
+    assert abs(int(slurm.sbatch_args[-1]["--time"]) - left_min) <= 1  # the extension never outlives the leader
+
+
 def test_a_failed_extension_is_recorded_and_the_shrink_stands() -> None:
     store, slurm = _shrunk(_FailingExtend(FakeClock(T0)))
     (action,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.SHRINK]
@@ -118,6 +162,8 @@ def test_a_failed_extension_is_recorded_and_the_shrink_stands() -> None:
     assert "time limit extension by +270min failed: slurm_update error: Access/permission denied" in (
         action.message or "")
     assert slurm.jobs[20].time_limit_min == 600
+    rec = store.jobs.get_job(20)
+    assert rec is not None and rec.time_limit_added_min == 0  # nothing to give back later
 
 
 def test_switched_off_no_extension() -> None:

@@ -1,4 +1,5 @@
-"""extend_time_limit_on_shrink: a shrink from n to m nodes adds remaining x (n/m - 1) to the job's time limit."""
+"""extend_time_limit_on_shrink: a shrink from n to m nodes adds remaining x (n/m - 1) to the job's time limit; a
+later grow from m to n gives back remaining x (1 - m/n), at most what shrinks added."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 import pytest
 
 from slurm_elastic.policy import Action, Decision, ElasticUnit, Reason, decide, default_config, resolve_unit
-from slurm_elastic.policy.shrink import time_limit_extension_s
+from slurm_elastic.policy.shrink import time_limit_extension_s, time_limit_giveback_s
 from tests.unit.policy_builders import NOW, cfg, job, make_input, node, nodes, pending, unit, util
 
 
@@ -91,6 +92,49 @@ def test_holds_and_grows_carry_no_extension() -> None:
     assert "time_limit_add_s" not in _decide(_idle(120), mean=60).inputs  # in band
     grow = _decide(_idle(120, n=1), mean=95)
     assert grow.action is Action.GROW and "time_limit_add_s" not in grow.inputs
+    assert grow.grow is not None and grow.grow.time_limit_sub_s == 0  # nothing was added: nothing to give back
+
+
+def _extended(limit_min: int, added_min: int, n: int = 1) -> ElasticUnit:
+    """A busy job on ``n`` nodes whose limit shrinks raised by ``added_min`` (started an hour ago)."""
+    u = _idle(limit_min, n=n)
+    return ElasticUnit(u.job, u.spec, u.extensions, u.submitted_nodes, time_limit_added_s=added_min * 60)
+
+
+def test_a_grow_gives_back_what_shrinks_added() -> None:
+    # 120 min left at 1 node; 1 -> 2 nodes (step 1): half of it, 60 min, is no longer needed.
+    d = _decide(_extended(180, added_min=90), mean=95)
+    assert d.action is Action.GROW and d.target_nodes == 2 and d.grow is not None
+    assert d.grow.time_limit_sub_s == 3600
+    assert d.grow.time_limit_s == 7200 - 3600  # the extension job never outlives the leader's new limit
+    assert d.inputs["time_limit_added_s"] == 5400 and d.inputs["time_limit_sub_s"] == 3600
+    assert "time limit -60min: 7200s left x (1 - 1/2), out of +90min added by shrinks" in d.message
+
+
+def test_the_give_back_is_at_most_what_was_added_and_off_with_the_switch() -> None:
+    d = _decide(_extended(180, added_min=20), mean=95)  # 60 min would be spare; only 20 were ever added
+    assert d.grow is not None and d.grow.time_limit_sub_s == 1200 and d.grow.time_limit_s == 7200 - 1200
+    d = _decide(_extended(180, added_min=90), mean=95, extend_time_limit_on_shrink=False)
+    assert d.grow is not None and d.grow.time_limit_sub_s == 0 and "time limit" not in d.message
+
+
+@pytest.mark.parametrize(
+    ("remaining", "before", "after", "added", "want"),
+    [
+        (7200, 1, 2, 86400, 3600),
+        (7200, 2, 3, 86400, 2400),
+        (7200, 1, 2, 600, 600),  # at most what was added
+        (7200, 1, 2, 659, 600),  # whole minutes, rounded down
+        (119, 1, 2, 86400, 0),  # 59.5 s spare: under a minute
+        (None, 1, 2, 86400, 0),
+        (0, 1, 2, 86400, 0),
+        (7200, 2, 2, 86400, 0),
+        (7200, 2, 1, 86400, 0),  # not a grow
+        (7200, 1, 2, 0, 0),
+    ],
+)
+def test_giveback_arithmetic(remaining: float | None, before: int, after: int, added: int, want: int) -> None:
+    assert time_limit_giveback_s(remaining, before, after, added) == want
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ the policy (and backfill) see the new limit, as on a real cluster after ``scontr
 from __future__ import annotations
 
 import math
+import sys
 from datetime import datetime
 
 import pytest
@@ -29,11 +30,12 @@ grace_s = 120
 """
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, extra: str) -> tuple[list[Decision], dict[float, float], list[int]]:
+def _run(monkeypatch: pytest.MonkeyPatch, extra: str, grows: list[Decision] | None = None) -> tuple[
+        list[Decision], dict[float, float], list[int]]:
     """A starts on both nodes (8 GPUs); B (4 GPUs) arrives at 1000 and takes one of them by shrink-to-admit.
 
     Returns A's shrink decisions, A's time limit as the engine shows it at each cycle, and the time limits (in
-    minutes) the policy saw for A."""
+    minutes) the policy saw for A; the grow decisions go to ``grows`` when given."""
     shrinks: list[Decision] = []
     seen_min: list[int] = []
 
@@ -41,6 +43,8 @@ def _run(monkeypatch: pytest.MonkeyPatch, extra: str) -> tuple[list[Decision], d
         seen_min.extend(u.job.time_limit_min or 0 for u in inp.units if u.job.name == "A")
         out = decide(inp, cfg, now)
         shrinks.extend(d for d in out if d.action is Action.SHRINK)
+        if grows is not None:
+            grows.extend(d for d in out if d.action is Action.GROW)
         return out
 
     monkeypatch.setattr(adapter, "decide", spy)
@@ -78,3 +82,19 @@ def test_no_extension_when_switched_off(monkeypatch: pytest.MonkeyPatch) -> None
     shrinks, limits, _ = _run(monkeypatch, "extend_time_limit_on_shrink = false\n")
     assert shrinks and all(d.shrink is not None and d.shrink.time_limit_add_s == 0 for d in shrinks)
     assert len(set(limits.values())) == 1
+
+
+def test_the_regrown_job_gives_the_extension_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once B is done, A (busy enough with scale_up_above 30) grows back to 2 nodes: its limit drops by the
+    grow's give-back, at most what the shrink added, so it ends no lower than where it started."""
+    monkeypatch.setattr(sys.modules[__name__], "_SCENARIO", _SCENARIO.replace("scale_up_above = 90",
+                                                                             "scale_up_above = 30"))
+    grows: list[Decision] = []
+    shrinks, limits, _ = _run(monkeypatch, "", grows)
+    (g,) = grows
+    assert g.grow is not None and (g.current_nodes, g.target_nodes) == (1, 2)
+    added = shrinks[0].shrink.time_limit_add_s if shrinks[0].shrink is not None else 0
+    assert 0 < g.grow.time_limit_sub_s <= added
+    timeline = [limits[t] for t in sorted(limits)]
+    start, peak, end = timeline[0], max(timeline), timeline[-1]
+    assert peak - start == added and peak - end == g.grow.time_limit_sub_s and end >= start

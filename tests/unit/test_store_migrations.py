@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 
 from slurm_elastic.store import (
     CURRENT_SCHEMA_VERSION,
+    JobObservation,
     MigrationError,
     SchemaError,
     SchemaMissingError,
@@ -20,7 +21,7 @@ from slurm_elastic.store import (
     StoreUrlError,
     sqlite_url,
 )
-from slurm_elastic.store.migrations import op_add_column
+from slurm_elastic.store.migrations import MIGRATIONS, op_add_column
 from slurm_elastic.store.models import Models
 from tests.unit.storehelpers import FakeClock
 
@@ -48,7 +49,8 @@ def test_fresh_database_is_created_at_the_current_version(tmp_path: Path) -> Non
     st.close()
     again = open_file(tmp_path / "s.db")  # reopening changes nothing
     report = again.ensure_schema()
-    assert (report.before, report.after, report.applied, report.created) == (1, 1, (), False)
+    assert (report.before, report.after, report.applied, report.created) == (
+        CURRENT_SCHEMA_VERSION, CURRENT_SCHEMA_VERSION, (), False)
     again.close()
 
 
@@ -89,17 +91,19 @@ def test_steps_run_in_order_from_an_old_version(tmp_path: Path) -> None:
     def step(n: int) -> Callable[[Connection, Models], None]:
         return lambda conn, models: ran.append(n)
 
-    steps = {n: step(n) for n in range(1, 4)}
-    report = st.ensure_schema(upgrade=True, target=4, migrations=steps)
-    assert ran == [1, 2, 3] and report.applied == (1, 2, 3) and st.schema_version() == 4
+    c = CURRENT_SCHEMA_VERSION
+    steps = {n: step(n) for n in range(c, c + 3)}
+    report = st.ensure_schema(upgrade=True, target=c + 3, migrations=steps)
+    assert ran == [c, c + 1, c + 2] and report.applied == (c, c + 1, c + 2) and st.schema_version() == c + 3
     st.close()
 
 
 def test_missing_step_is_an_error(tmp_path: Path) -> None:
     st = open_file(tmp_path / "s.db")
-    with pytest.raises(MigrationError, match="no migration from schema version 2 to 3"):
-        st.ensure_schema(upgrade=True, target=3, migrations={1: lambda conn, m: None})
-    assert st.schema_version() == 2  # the step that existed is kept
+    c = CURRENT_SCHEMA_VERSION
+    with pytest.raises(MigrationError, match=f"no migration from schema version {c + 1} to {c + 2}"):
+        st.ensure_schema(upgrade=True, target=c + 2, migrations={c: lambda conn, m: None})
+    assert st.schema_version() == c + 1  # the step that existed is kept
     st.close()
 
 
@@ -110,9 +114,10 @@ def test_failing_step_leaves_the_previous_version_and_no_partial_change(tmp_path
         add_priority_column(conn, models)
         raise RuntimeError("boom")
 
-    with pytest.raises(MigrationError, match="1 to 2 failed: boom; the schema is left at version 1"):
-        st.ensure_schema(upgrade=True, target=2, migrations={1: half_then_fail})
-    assert st.schema_version() == 1
+    c = CURRENT_SCHEMA_VERSION
+    with pytest.raises(MigrationError, match=f"{c} to {c + 1} failed: boom; the schema is left at version {c}"):
+        st.ensure_schema(upgrade=True, target=c + 1, migrations={c: half_then_fail})
+    assert st.schema_version() == c
     # SQLite runs DDL inside the transaction: the column is gone with the rollback
     assert "priority" not in {c["name"] for c in inspect(st.db.engine).get_columns("elastic_jobs")}
     st.close()
@@ -145,3 +150,42 @@ def test_foreign_tables_without_version_table_are_not_adopted(tmp_path: Path) ->
     st.close()
     with pytest.raises(SchemaError, match="not a slurm-elastic schema"):
         open_file(tmp_path / "s.db")
+
+
+def _as_schema_1(path: Path) -> None:
+    """A database as slurm-elastic with schema 1 left it: no elastic_jobs.time_limit_added_min, one job."""
+    st = open_file(path)
+    st.jobs.upsert_job(JobObservation(job_id=7, user="alice", partition="gpu", current_nodes=2, min_nodes=1,
+                                      max_nodes=4, state="RUNNING"))
+    with st.db.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE elastic_jobs DROP COLUMN time_limit_added_min"))
+    set_version(st, 1)
+    st.close()
+
+
+def test_schema_1_to_2_adds_the_time_limit_column_and_keeps_the_rows(tmp_path: Path) -> None:
+    """The first real migration: `slurm-elastic db upgrade` on a schema-1 database adds
+    elastic_jobs.time_limit_added_min (NULL in existing rows: nothing added); the controller refuses to start
+    before it."""
+    _as_schema_1(tmp_path / "s.db")
+    with pytest.raises(SchemaOutdatedError, match="db upgrade"):
+        open_file(tmp_path / "s.db")
+    st = open_file(tmp_path / "s.db", upgrade=True)
+    assert st.schema_version() == 2
+    assert "time_limit_added_min" in {c["name"] for c in inspect(st.db.engine).get_columns("elastic_jobs")}
+    rec = st.jobs.get_job(7)
+    assert rec is not None and rec.user == "alice" and rec.time_limit_added_min == 0
+    assert st.jobs.add_time_limit(7, 30) == 30 and st.jobs.add_time_limit(7, -45) == 0  # never below 0
+    assert st.jobs.add_time_limit(8, 5) == 0  # an unknown job
+    st.close()
+
+
+def test_the_1_to_2_step_can_run_again(tmp_path: Path) -> None:
+    """MySQL commits DDL at once: a step that failed after adding the column must succeed when rerun."""
+    _as_schema_1(tmp_path / "s.db")
+    st = open_file(tmp_path / "s.db", upgrade=True)
+    with st.db.engine.begin() as conn:
+        MIGRATIONS[1](conn, st.db.models)  # the column is there already: nothing happens
+    assert st.schema_version() == 2
+    st.close()
+
