@@ -96,16 +96,20 @@ class Actuator:
 
     def _give_back_time_limit(self, leader: Job, sub_min: int) -> str:
         """After the extension is submitted: lower the leader's time limit by ``sub_min`` (out of what shrinks
-        added) and count it as given back. A failure is logged and leaves the grow applied."""
+        added) and count it as given back. A failure is logged and leaves the grow applied.
+
+        The count goes down before Slurm's limit does (and up again on failure): a crash in between leaves it
+        too low, never too high, so later give-backs can never take more than shrinks added."""
         if sub_min <= 0:
             return ""
+        self.store.jobs.add_time_limit(leader.job_id, -sub_min)
         try:
             new = self.slurm.shorten_time_limit(leader, sub_min)
         except SlurmError as e:
+            self.store.jobs.add_time_limit(leader.job_id, sub_min)
             log.warning("job %s: giving back %d min of time limit after the grow failed: %s", leader.display_id,
                         sub_min, _msg(e))
             return f"; time limit give-back of -{sub_min}min failed: {_msg(e)}"
-        self.store.jobs.add_time_limit(leader.job_id, -sub_min)
         return f"; time limit {leader.time_limit_min} -> {new} min (-{sub_min}min)"
 
     # --- shrink, phase 1: intent + grace signal ------------------------------------------------------------
@@ -202,7 +206,8 @@ class Actuator:
             log.warning("job %s: extending the time limit by %d min after the shrink failed: %s",
                         leader.display_id, add_min, _msg(e))
             return f"; time limit extension by +{add_min}min failed: {_msg(e)}"
-        self.store.jobs.add_time_limit(leader.job_id, add_min)  # what a later grow may give back
+        # What a later grow may give back; counted after Slurm took it, so a crash leaves the count too low (safe).
+        self.store.jobs.add_time_limit(leader.job_id, add_min)
         return f"; time limit {leader.time_limit_min} -> {new} min (+{add_min}min)"
 
 

@@ -101,7 +101,8 @@ KEYS: tuple[KeyDef, ...] = (
     KeyDef("extend_time_limit_on_shrink", Kind.BOOL, True, None, None, ALL_SCOPES,
            "when a shrink takes nodes from a job with a time limit, add remaining x (nodes before / nodes after "
            "- 1) to the limit (scontrol update TimeLimit=) so that its remaining work still fits at linear "
-           "scaling: nodes x remaining time stays the same"),
+           "scaling: nodes x remaining time stays the same; a later grow gives back remaining x (1 - nodes "
+           "before / nodes after), at most what shrinks added"),
     KeyDef("max_time_limit_extension_s", Kind.DURATION, _DAY, 0, _YEAR, ALL_SCOPES,
            "most seconds one shrink adds to a job's time limit (extend_time_limit_on_shrink)"),
     KeyDef("free_node_reserve", Kind.INT, 0, 0, MAX_NODES, frozenset({Scope.GLOBAL, Scope.PARTITION}),

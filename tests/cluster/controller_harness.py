@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -181,3 +182,28 @@ def wait_until(what: str, probe: object, timeout: float, proc: ControllerProcess
         time.sleep(0.5)
     tail = proc.log_text()[-4000:] if proc else ""
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{tail}")
+
+
+def util_script(cluster: TestCluster, util_file: Path, directives: str) -> str:
+    """The workload on every node of the job, its utilization read from ``util_file`` (changed at runtime)."""
+    from tests.cluster.agents_harness import JOB_PYTHON
+
+    return f"""#!/bin/bash
+{directives}
+export PYTHONPATH={REPO}
+export SLURM_ELASTIC_VGPU_DIR={cluster.root / "vgpu"}
+trap 'echo "grace $(date +%s) job=$SLURM_JOB_ID"' USR2
+srun --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.vgpu.workload --util 50 \\
+  --util-file {util_file} --mem-mib 500 &
+child=$!
+while kill -0 $child 2>/dev/null; do wait $child; done
+sleep 600
+"""
+
+
+def set_util(path: Path, util: int) -> None:
+    """Write the utilization a util_script job reads (atomically: the workload polls the file)."""
+    tmp = path.with_suffix(".new")
+    tmp.write_text(f"{util}\n")
+    tmp.chmod(0o666)
+    os.replace(tmp, path)

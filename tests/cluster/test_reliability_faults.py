@@ -29,11 +29,13 @@ import pytest
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.slurm.hostlist import expand
 from slurm_elastic.store.records import ActionKind, ActionState
-from tests.cluster.agents_harness import JOB_PYTHON, REPO, Agents
+from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
     controller_config,
     node_count,
     running_controller,
+    set_util,
+    util_script,
     wait_until,
 )
 from tests.cluster.harness import TestCluster
@@ -59,21 +61,6 @@ min_remaining_for_grow_s = 0
 """
 
 
-def util_script(cluster: TestCluster, util_file: Path, directives: str) -> str:
-    """The workload on every node of the job, its utilization read from ``util_file`` (changed at runtime)."""
-    return f"""#!/bin/bash
-{directives}
-export PYTHONPATH={REPO}
-export SLURM_ELASTIC_VGPU_DIR={cluster.root / "vgpu"}
-trap 'echo "grace $(date +%s) job=$SLURM_JOB_ID"' USR2
-srun --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.vgpu.workload --util 50 \\
-  --util-file {util_file} --mem-mib 500 &
-child=$!
-while kill -0 $child 2>/dev/null; do wait $child; done
-sleep 600
-"""
-
-
 def squeue_jobs(cluster: TestCluster) -> list[dict[str, object]]:
     jobs = cluster.squeue_json()["jobs"]
     assert isinstance(jobs, list)
@@ -90,13 +77,6 @@ def slurm_size(jobs: list[dict[str, object]], leader: int, trusted: set[int]) ->
     return size
 
 
-def _set_util(path: Path, util: int) -> None:
-    tmp = path.with_suffix(".new")
-    tmp.write_text(f"{util}\n")
-    tmp.chmod(0o666)
-    os.replace(tmp, path)
-
-
 # --- F1: crash storm ----------------------------------------------------------------------------------------------
 @pytest.mark.timeout(3600 if LONG else 900)
 def test_crash_storm_leaves_no_orphans_duplicates_or_open_intents(
@@ -110,7 +90,7 @@ def test_crash_storm_leaves_no_orphans_duplicates_or_open_intents(
     leaders: dict[int, Path] = {}
     for k, user in enumerate(["alice", "bob", "alice"]):
         util_file = cluster.jobs_dir / f"util-{uuid.uuid4().hex[:8]}"
-        _set_util(util_file, 90 if k % 2 == 0 else 10)
+        set_util(util_file, 90 if k % 2 == 0 else 10)
         job = cluster.submit(util_script(cluster, util_file, STORM_DIRECTIVES), "-N1", "--gres=gpu:1",
                              "--time=60", user=user)
         leaders[job] = util_file
@@ -132,7 +112,7 @@ def test_crash_storm_leaves_no_orphans_duplicates_or_open_intents(
                 if time.monotonic() >= next_flip:  # alternate: busy jobs go idle and idle ones busy
                     phase += 1
                     for k, util_file in enumerate(leaders.values()):
-                        _set_util(util_file, 90 if (k + phase) % 2 == 0 else 10)
+                        set_util(util_file, 90 if (k + phase) % 2 == 0 else 10)
                     flips += 1
                     next_flip = time.monotonic() + 15
                 time.sleep(0.2)
@@ -147,7 +127,7 @@ def test_crash_storm_leaves_no_orphans_duplicates_or_open_intents(
             kills.append(life)
     # Calm down: utilization in the hold band, one clean controller until nothing is open.
     for util_file in leaders.values():
-        _set_util(util_file, 60)
+        set_util(util_file, 60)
     with running_controller(cluster, cfg) as ctl:
         wait_until("every intent to have an outcome", lambda: all(a.state not in OPEN for a in ctl.actions()),
                    90, ctl)
@@ -228,7 +208,7 @@ def test_slurmctld_outage_no_crash_no_action_logged_once_and_recovers(
         agents: Agents, clean_cluster: TestCluster, tmp_path: Path) -> None:
     cluster = clean_cluster
     util_file = cluster.jobs_dir / f"util-{uuid.uuid4().hex[:8]}"
-    _set_util(util_file, 10)
+    set_util(util_file, 10)
     job = cluster.submit(util_script(cluster, util_file, STORM_DIRECTIVES), "-N2", "--gres=gpu:1", "--time=60",
                          user="bob")
     cluster.wait_state(job, {"RUNNING"})
@@ -266,7 +246,7 @@ def test_agent_lost_sigstop_then_sigkill_no_shrink_on_stale_data(
         agents: Agents, clean_cluster: TestCluster, tmp_path: Path) -> None:
     cluster = clean_cluster
     util_file = cluster.jobs_dir / f"util-{uuid.uuid4().hex[:8]}"
-    _set_util(util_file, 10)
+    set_util(util_file, 10)
     job = cluster.submit(util_script(cluster, util_file, STORM_DIRECTIVES), "-N2", "--gres=gpu:1", "--time=60",
                          "--nodelist=n3,n4", user="bob")
     cluster.wait_state(job, {"RUNNING"})
@@ -319,7 +299,7 @@ def test_node_dies_mid_resize_result_recorded_extension_cleaned_job_consistent(
         agents: Agents, clean_cluster: TestCluster, tmp_path: Path) -> None:
     cluster = clean_cluster
     util_file = cluster.jobs_dir / f"util-{uuid.uuid4().hex[:8]}"
-    _set_util(util_file, 90)
+    set_util(util_file, 90)
     job = cluster.submit(util_script(cluster, util_file, STORM_DIRECTIVES), "-N1", "--gres=gpu:1", "--time=60",
                          "--nodelist=n1", user="alice")
     cluster.wait_state(job, {"RUNNING"})
@@ -341,7 +321,7 @@ def test_node_dies_mid_resize_result_recorded_extension_cleaned_job_consistent(
                 time.sleep(0.1)
             assert nodes, "the busy job never grew"
             victim = nodes[0]
-            _set_util(util_file, 60)  # hold band from here on: no further resize muddles the picture
+            set_util(util_file, 60)  # hold band from here on: no further resize muddles the picture
             pid = int((cluster.root / "run" / f"slurmd-{victim}.pid").read_text().split()[0])
             os.kill(pid, signal.SIGKILL)  # the node dies as its extension starts
             cluster.run(["scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=reliability-test"])

@@ -3,6 +3,9 @@
 - A shrink raises the job's Slurm time limit (extend_time_limit_on_shrink, on by default): an underused 3-node
   job with ``--time=60`` shrinks to 1 node in one step; its TimeLimit, as Slurm reports it, grows by the
   remaining time x (3/1 - 1), rounded up to whole minutes, as the decision computed.
+- A grow gives it back: the same job, busy again, grows 1 -> 3 and its TimeLimit drops by remaining x (1 - 1/3),
+  at most what the shrink added, so it never ends below the 60 minutes asked for; the extension job's limit is
+  the leader's new remaining time.
 - Restart-cost awareness: of two equally busy jobs, the one whose remaining time can not pay back the restart
   cost holds (RESTART_COST), the one with an hour left grows.
 """
@@ -24,6 +27,8 @@ from tests.cluster.controller_harness import (
     marker_file,
     node_count,
     running_controller,
+    set_util,
+    util_script,
     wait_until,
 )
 from tests.cluster.harness import TestCluster
@@ -97,3 +102,37 @@ def test_a_grow_that_can_not_pay_back_its_restart_is_not_made(stack: Agents, tmp
         assert float(str(d.inputs["expected_gain_s"])) <= 300.0
         assert "<= restart cost 300s" in d.message
     assert float(str(grown.inputs["expected_gain_s"])) > 300.0 and grown.inputs["restart_cost_s"] == 300.0
+
+
+def test_a_regrow_gives_the_added_time_back(stack: Agents, tmp_path: Path) -> None:
+    cluster = stack.cluster
+    util_file = cluster.jobs_dir / f"util-{uuid.uuid4().hex[:8]}"
+    set_util(util_file, 10)
+    job = cluster.submit(util_script(cluster, util_file, DIRECTIVES), "-N3", "--gres=gpu:2", "--time=60",
+                         user="bob")
+    cluster.wait_state(job, {"RUNNING"})
+    with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
+        wait_until("the job to shrink to 1 node", lambda: node_count(cluster, job) == 1, 75, ctl)
+        (shrink,) = ctl.wait_applied(job, ActionKind.SHRINK, 1)
+        added_min = int(shrink.params["time_limit_add_s"]) // 60
+        assert _time_limit_min(cluster, job) == 60 + added_min
+        set_util(util_file, 95)
+        (grow,) = ctl.wait_applied(job, ActionKind.GROW, 1, timeout=90)
+        decision = next(d for d in ctl.decisions(job) if d.action == "grow")
+        st = ctl.store()
+        try:
+            (ext,) = st.jobs.extensions(job, active_only=False)
+            rec = st.jobs.get_job(job)
+        finally:
+            st.close()
+        ext_limit = _time_limit_min(cluster, ext.job_id)
+    sub_min = int(str(decision.inputs["time_limit_sub_s"])) // 60
+    remaining = float(str(decision.inputs["remaining_s"]))
+    assert (grow.params["from"], grow.params["to"]) == (1, 3)
+    # remaining x (1 - 1/3), whole minutes rounded down, at most what the shrink added
+    assert sub_min == min(added_min, int(remaining * 2 / 3 / 60 + 1e-9)) and sub_min > 100
+    new = 60 + added_min - sub_min
+    assert new >= 60 and _time_limit_min(cluster, job) == new  # what Slurm now enforces
+    assert rec is not None and rec.time_limit_added_min == added_min - sub_min
+    assert f"time limit {60 + added_min} -> {new} min (-{sub_min}min)" in (grow.message or "")
+    assert ext_limit <= int((remaining - sub_min * 60) // 60) + 1  # the extension never outlives the leader

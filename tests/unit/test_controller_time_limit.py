@@ -154,6 +154,27 @@ def test_a_later_grow_gives_back_what_the_shrink_added() -> None:
     assert abs(int(slurm.sbatch_args[-1]["--time"]) - left_min) <= 1  # the extension never outlives the leader
 
 
+class _FailingShorten(FakeSlurm):
+    def shorten_time_limit(self, job: Job, sub_min: int) -> int:
+        self.calls.append(("refused-shorten", (job.job_id, sub_min)))
+        raise SlurmCommandError(["scontrol"], 1, "slurm_update error: Access/permission denied")
+
+
+def test_a_failed_give_back_keeps_the_grow_and_the_count() -> None:
+    slurm = _FailingShorten(FakeClock(T0))
+    ctl, store, agents = _shrunk_world(slurm)
+    for n in slurm.jobs[20].nodes:
+        agents.util[(n, 20)] = 95.0
+    clock = slurm.clock
+    assert isinstance(clock, FakeClock)
+    run(ctl, clock, 15)
+    (grow,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.GROW]
+    assert grow.state == ActionState.APPLIED and [c for c in slurm.calls if c[0] == "refused-shorten"]
+    assert "time limit give-back of -" in (grow.message or "") and "failed" in (grow.message or "")
+    rec = store.jobs.get_job(20)
+    assert rec is not None and rec.time_limit_added_min == 270 and slurm.jobs[20].time_limit_min == 870
+
+
 def test_a_failed_extension_is_recorded_and_the_shrink_stands() -> None:
     store, slurm = _shrunk(_FailingExtend(FakeClock(T0)))
     (action,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.SHRINK]
