@@ -73,7 +73,9 @@ def scenarios(draw: st.DrawFn) -> Scenario:
                       gpus=draw(st.sampled_from([1, 2, 4, 8])), account=draw(st.sampled_from(["a", "b", None])),
                       started_ago=draw(st.sampled_from([8000, 1000, 30])),
                       time_limit_min=draw(st.one_of(st.none(), st.integers(60, 400))))
-        units.append(unit(the_job, exts=exts, **spec_kw))
+        built = unit(the_job, exts=exts, **spec_kw)
+        added_s = draw(st.sampled_from([0, 0, 600, 7200]))  # what earlier shrinks added to its time limit
+        units.append(replace(built, time_limit_added_s=added_s) if added_s else built)
         if draw(st.integers(0, 4)):
             age = draw(st.sampled_from([5, 60, 179, 181, 5000]))
             window = draw(st.sampled_from([100, 600, 1200]))
@@ -256,3 +258,23 @@ def test_grants_never_take_an_account_past_its_slurm_gpu_limit(sc: Scenario) -> 
         granted = sum(units[d.unit_id].job.gpus_per_node() * len(d.grow.nodes) for d in decisions
                       if d.action is Action.GROW and d.grow is not None and units[d.unit_id].job.account == account)
         assert granted <= max(0, limit - used)
+
+
+@PROPS
+@given(scenarios())
+def test_time_limits_never_end_below_what_the_user_asked_for(sc: Scenario) -> None:
+    """A grow gives back at most what shrinks added (and whole minutes of it); the extension job it plans
+    never outlives the leader's shortened remaining time; holds and shrinks give nothing back."""
+    units = {u.unit_id: u for u in sc.inp.units}
+    for d in decide(sc.inp, sc.config, NOW):
+        u = units[d.unit_id]
+        if d.grow is None:
+            continue
+        sub = d.grow.time_limit_sub_s
+        assert 0 <= sub <= u.time_limit_added_s and sub % 60 == 0
+        remaining = u.job.remaining_seconds(NOW)
+        if remaining is None:
+            assert sub == 0 and d.grow.time_limit_s is None
+        else:
+            assert d.grow.time_limit_s == max(0, int(remaining) - sub)
+
