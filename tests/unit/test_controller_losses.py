@@ -303,17 +303,22 @@ def test_a_failed_extension_is_still_backed_off_and_is_not_a_loss() -> None:
     assert _losses(store) == []
 
 
-def test_dry_run_records_losses_too() -> None:
-    clock = FakeClock(T0)
+def _preempted_extension(clock: FakeClock) -> tuple[SqlStore, FakeSlurm, ElasticUnit]:
+    """Job 10 whose extension 11 (on n2, recorded RUNNING) Slurm has just preempted."""
     store = memory_store(clock)
-    rec = LossRecorder(store)
     slurm = FakeSlurm(clock)
     slurm.add_job(10, ["n1"])
     ext = slurm.add_job(11, ["n2"])
     slurm.jobs[11] = replace(ext, state="PREEMPTED")
     store.jobs.record_extension(job_id=11, parent_job_id=10, node_count=1, state="RUNNING", nodelist="n2")
+    return store, slurm, _unit((_ext(slurm.jobs[11]),))
+
+
+def test_dry_run_records_losses_too() -> None:
+    clock = FakeClock(T0)
+    store, slurm, unit = _preempted_extension(clock)
+    rec = LossRecorder(store)
     cycle = store.decisions.begin_cycle(holder="t", dry_run=True)
-    unit = _unit((_ext(slurm.jobs[11]),))
     assert len(rec.record(cycle, {10: unit}, slurm.snapshot(), clock())) == 1
     assert rec.record(cycle, {10: unit}, slurm.snapshot(), clock()) == []
 
@@ -322,13 +327,7 @@ def test_a_controller_that_lost_the_lease_records_no_loss_and_the_new_holder_rec
     """HA handover: the old holder found the loss unrecorded, but its lease expired and the standby took it
     before it wrote. Its write is fenced off (nothing written); the new holder records the loss exactly once."""
     clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm = FakeSlurm(clock)
-    slurm.add_job(10, ["n1"])
-    ext = slurm.add_job(11, ["n2"])
-    slurm.jobs[11] = replace(ext, state="PREEMPTED")
-    store.jobs.record_extension(job_id=11, parent_job_id=10, node_count=1, state="RUNNING", nodelist="n2")
-    unit = _unit((_ext(slurm.jobs[11]),))
+    store, slurm, unit = _preempted_extension(clock)
     old = store.lease.acquire("ctl-a", timedelta(seconds=10))
     assert old is not None
     clock.advance(11)
