@@ -564,4 +564,3 @@ def _with_time_limit_added(built: UnitsResult, known: Sequence[ElasticJobRecord]
         return built
     return replace(built, units=tuple(replace(u, time_limit_added_s=added[u.unit_id]) if u.unit_id in added else u
                                       for u in built.units))
-
