@@ -69,7 +69,7 @@ class Actuator:
             job_id=d.unit_id, kind=ActionKind.GROW, idempotency_key=key, decision_id=decision_id,
             cycle_id=cycle_id, nodes=len(plan.nodes), gpus=gpus, fencing=token,
             params={"nodes": list(plan.nodes), "from": d.current_nodes, "to": d.target_nodes,
-                    "reason": str(d.reason)})
+                    "reason": str(d.reason), "time_limit_sub_s": plan.time_limit_sub_s})
         self.fault("grow:after-intent")
         self.store.journal.mark_in_progress(action_id, fencing=token)
         try:

@@ -150,6 +150,7 @@ def test_a_later_grow_gives_back_what_the_shrink_added() -> None:
     rec = store.jobs.get_job(20)
     assert rec is not None and rec.time_limit_added_min == 270 - sub
     assert f"time limit 870 -> {870 - sub} min (-{sub}min)" in (grow.message or "")
+    assert grow.params["time_limit_sub_s"] == sub * 60
     left_min = (870 - sub) - (clock() - slurm.jobs[20].start_time).total_seconds() / 60  # type: ignore[operator]
     assert abs(int(slurm.sbatch_args[-1]["--time"]) - left_min) <= 1  # the extension never outlives the leader
 
