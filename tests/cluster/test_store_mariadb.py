@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import Column, Integer, create_engine, inspect, text
 
 from slurm_elastic.store import (
+    CURRENT_SCHEMA_VERSION,
     ActionKind,
     ActionState,
     DecisionFilter,
@@ -24,11 +25,12 @@ from slurm_elastic.store import (
     LeaseRecord,
     NewDecision,
     Retention,
+    SchemaOutdatedError,
     SchemaTooNewError,
     SqlStore,
     StoreUnavailableError,
 )
-from slurm_elastic.store.migrations import op_add_column
+from slurm_elastic.store.migrations import MIGRATIONS, op_add_column
 from tests.cluster.harness import TestCluster
 from tests.unit.storehelpers import FakeClock
 
@@ -94,7 +96,7 @@ def test_schema_is_created_under_the_prefix(stores: tuple[SqlStore, SqlStore], p
     a, _ = stores
     tables = {t for t in inspect(a.db.engine).get_table_names() if t.startswith(prefix)}
     assert {f"{prefix}{n}" for n in ("actions", "decisions", "lease", "elastic_jobs", "schema_version")} <= tables
-    assert a.schema_version() == 1
+    assert a.schema_version() == CURRENT_SCHEMA_VERSION
 
 
 def test_journal_round_trip_with_microseconds(stores: tuple[SqlStore, SqlStore], clock: FakeClock) -> None:
@@ -222,12 +224,38 @@ def test_decision_queries_and_retention(stores: tuple[SqlStore, SqlStore], clock
 def test_newer_schema_refused_and_migration_step(mariadb: str, prefix: str, clock: FakeClock) -> None:
     st = SqlStore.open(mariadb, table_prefix=prefix, clock=clock)
     try:
-        report = st.ensure_schema(upgrade=True, target=2, migrations={1: lambda conn, m: op_add_column(
+        c = CURRENT_SCHEMA_VERSION
+        report = st.ensure_schema(upgrade=True, target=c + 1, migrations={c: lambda conn, m: op_add_column(
             conn, f"{m.prefix}elastic_jobs", Column("priority", Integer, nullable=True))})
-        assert report.applied == (1,) and st.schema_version() == 2
+        assert report.applied == (c,) and st.schema_version() == c + 1
         assert "priority" in {c["name"] for c in inspect(st.db.engine).get_columns(f"{prefix}elastic_jobs")}
         with pytest.raises(SchemaTooNewError):
             SqlStore.open(mariadb, table_prefix=prefix, clock=clock)
     finally:
         st.drop_all()
         st.close()
+
+
+def test_schema_1_to_2_on_mariadb(mariadb: str, prefix: str, clock: FakeClock) -> None:
+    """The real 1 -> 2 step (elastic_jobs.time_limit_added_min) on MariaDB, where DDL commits at once: a schema-1
+    database with a job is upgraded, the row is kept, and the step runs again harmlessly."""
+    st = SqlStore.open(mariadb, table_prefix=prefix, clock=clock)
+    try:
+        st.jobs.upsert_job(JobObservation(job_id=7, user="alice", partition="gpu", current_nodes=2, min_nodes=1,
+                                          max_nodes=4, state="RUNNING"))
+        with st.db.engine.begin() as conn:
+            conn.execute(text(f"ALTER TABLE {prefix}elastic_jobs DROP COLUMN time_limit_added_min"))
+            conn.execute(text(f"UPDATE {prefix}schema_version SET version = 1"))
+        with pytest.raises(SchemaOutdatedError):
+            SqlStore.open(mariadb, table_prefix=prefix, clock=clock)
+        report = st.ensure_schema(upgrade=True)
+        assert report.applied == (1,) and st.schema_version() == 2
+        with st.db.engine.begin() as conn:
+            MIGRATIONS[1](conn, st.db.models)  # already there: nothing happens
+        rec = st.jobs.get_job(7)
+        assert rec is not None and rec.user == "alice" and rec.time_limit_added_min == 0
+        assert st.jobs.add_time_limit(7, 90) == 90
+    finally:
+        st.drop_all()
+        st.close()
+
