@@ -118,7 +118,8 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
         )
 
     if w.taken > 0:  # a shrink: metric-driven, to admit a pending job, or both
-        plan = plan_shrink(unit, w.removal(), w.taken, tuple(w.admits))
+        admits = tuple(b.job_id for b in w.admit_basis)
+        plan = plan_shrink(unit, w.removal(), w.taken, admits)
         if w.admit_basis:
             plan = replace(plan, admit_basis=tuple(w.admit_basis))
         add_s, extend = _time_limit_extension(w, ctx)
@@ -134,7 +135,7 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
                         shrink=plan)
         if not w.admit_taken:
             return make(Action.SHRINK, w.current - w.taken, w.reason, w.message + extend, w.basis, shrink=plan)
-        ids = ", ".join(str(j) for j in w.admits)
+        ids = ", ".join(str(j) for j in admits)
         w.inputs["admits"] = ids
         msg = (f"gives back {w.admit_taken} node(s) above min {unit.min_nodes} so that pending job(s) {ids} "
                f"(priority {w.admit_priority} > {job.priority}) can start")

@@ -193,7 +193,7 @@ class Walk:
         for _, item in events:
             if isinstance(item, Job):
                 self._pending(item)
-            elif not item.admits and not item.reclaim_taken:  # a unit giving nodes back does not grow
+            elif not item.admit_basis and not item.reclaim_taken:  # a unit giving nodes back does not grow
                 self._grant(item)
 
     # --- reserve reclaim ----------------------------------------------------------------------------------------
@@ -268,8 +268,7 @@ class Walk:
         basis = last.admit_basis
         if basis is None:  # a journal entry from before bases were recorded: back off on time alone
             return True
-        running = self.running_ids
-        return basis.request == admit_request(job) and basis.holders <= running
+        return basis.request == admit_request(job) and basis.holders <= self.running_ids
 
     def _admit_basis(self, job: Job, parts: set[str]) -> AdmitBasis:
         holders = frozenset(j.job_id for j in self.inp.snapshot.jobs
@@ -322,12 +321,12 @@ class Walk:
             self.failed_admits[memo] = min(deficit, failed_at if failed_at is not None else deficit)
             return
         self.claimed.update(claims)
-        basis = self._admit_basis(job, part_set) if tentative else None
+        if not tentative:
+            return  # the nodes that metric shrinks give back anyway are enough
+        basis = self._admit_basis(job, part_set)
         for w, k in tentative:
             w.taken += k
             w.admit_taken += k
-            w.admits.append(job.job_id)
-            assert basis is not None
             w.admit_basis.append(basis)
             w.admit_priority = max(w.admit_priority, job.priority)
 

@@ -36,8 +36,7 @@ class UnitWork:
     last_grow: datetime | None = None
     taken: int = 0  # nodes committed to removal
     admit_taken: int = 0
-    admits: list[int] = field(default_factory=list)
-    admit_basis: list[AdmitBasis] = field(default_factory=list)
+    admit_basis: list[AdmitBasis] = field(default_factory=list)  # one per pending job it gives nodes to
     admit_priority: int = 0
     reclaim_taken: int = 0
     order: list[Removable] | None = None
