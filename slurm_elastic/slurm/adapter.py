@@ -197,30 +197,28 @@ class SlurmCli:
 
     def extend_time_limit(self, job: Job, add_min: int) -> int:
         """Raise a job's time limit by ``add_min`` minutes (after a shrink); returns the new limit in minutes.
-
-        Sets the absolute value ``TimeLimit=<limit in the snapshot + add_min>`` rather than scontrol's
-        ``TimeLimit=+N`` (also accepted by 22.05): a transient failure is retried, and a retried increment whose
-        first attempt did reach slurmctld would add twice. Needs root or SlurmUser (users may only lower limits).
-        """
-        if job.time_limit_min is None:
-            raise ResizeRefusedError(f"job {job.display_id} has no time limit to extend")
+        Needs root or SlurmUser (users may only lower limits)."""
         if add_min < 1:
             raise ResizeRefusedError(f"job {job.display_id}: a time limit extension must be at least 1 minute")
-        new = int(job.time_limit_min) + int(add_min)
-        # The raw id, as for shrink: a het component is addressed by its own job id.
-        self.cmd.run(["scontrol", "update", f"JobId={int(job.job_id)}", f"TimeLimit={new}"])
-        return new
+        return self._change_time_limit(job, add_min, "extend")
 
     def shorten_time_limit(self, job: Job, sub_min: int) -> int:
         """Lower a job's time limit by ``sub_min`` minutes (a grow giving back what shrinks added); returns the
-        new limit. Absolute, like :meth:`extend_time_limit`; never below 1 minute."""
-        if job.time_limit_min is None:
-            raise ResizeRefusedError(f"job {job.display_id} has no time limit to shorten")
+        new limit, never below 1 minute."""
         if sub_min < 1:
             raise ResizeRefusedError(f"job {job.display_id}: a time limit reduction must be at least 1 minute")
-        new = int(job.time_limit_min) - int(sub_min)
+        return self._change_time_limit(job, -sub_min, "shorten")
+
+    def _change_time_limit(self, job: Job, delta_min: int, verb: str) -> int:
+        """Set the absolute value ``TimeLimit=<limit in the snapshot + delta_min>`` rather than scontrol's
+        ``TimeLimit=+N`` (also accepted by 22.05): a transient failure is retried, and a retried increment whose
+        first attempt did reach slurmctld would apply twice."""
+        if job.time_limit_min is None:
+            raise ResizeRefusedError(f"job {job.display_id} has no time limit to {verb}")
+        new = int(job.time_limit_min) + int(delta_min)
         if new < 1:
             raise ResizeRefusedError(f"job {job.display_id}: refusing to lower its time limit to {new} min")
+        # The raw id, as for shrink: a het component is addressed by its own job id.
         self.cmd.run(["scontrol", "update", f"JobId={int(job.job_id)}", f"TimeLimit={new}"])
         return new
 
