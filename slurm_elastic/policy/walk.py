@@ -102,6 +102,7 @@ class Walk:
     gpu: GpuLimitTracker = field(init=False)  # Slurm's GPU limits (GrpTRES...) as quotas: policy/gpulimits.py
     ext_ids: frozenset[int] = field(init=False)  # the units' extension jobs
     running_ids: frozenset[int] = field(init=False)
+    holders_by_part: dict[str, set[int]] | None = None  # partition -> running jobs on its nodes (on first admit)
 
     def __post_init__(self) -> None:
         snap = self.inp.snapshot
@@ -271,9 +272,13 @@ class Walk:
         return basis.request == admit_request(job) and basis.holders <= self.running_ids
 
     def _admit_basis(self, job: Job, parts: set[str]) -> AdmitBasis:
-        holders = frozenset(j.job_id for j in self.inp.snapshot.jobs
-                            if j.is_running and j.job_id not in self.ext_ids
-                            and any(not parts.isdisjoint(self.info.partitions(n)) for n in j.nodes))
+        if self.holders_by_part is None:  # one pass over the running jobs per walk, not one per admit
+            self.holders_by_part = {}
+            for j in self.inp.snapshot.jobs:
+                if j.is_running and j.job_id not in self.ext_ids:
+                    for part in {p for n in j.nodes for p in self.info.partitions(n)}:
+                        self.holders_by_part.setdefault(part, set()).add(j.job_id)
+        holders = frozenset().union(*(self.holders_by_part.get(p, ()) for p in parts))
         return AdmitBasis(job.job_id, admit_request(job), holders)
 
     def _helps(self, name: str, holder: UnitWork, parts: set[str], need: Need) -> bool:
