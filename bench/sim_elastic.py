@@ -8,7 +8,7 @@ same seeded models. Prints Markdown.
         [--policy bench/sim-policy.toml] [--workloads 1-8] [--nodes 16] [--gpus-per-node 4]
 
 One row of ``main`` is also one CLI call:
-``slurm-elastic simulate ../shared/traces/pollux/workloads/workload-N.csv --format pollux --nodes 16
+``slurm-elastic simulate traces/pollux/workloads/workload-N.csv --format pollux --nodes 16
 --gpus-per-node 4 --policy bench/sim-policy.toml --json``.
 """
 

@@ -10,7 +10,7 @@
 # SlurmdParameters=config_overrides). GPUs are character device nodes this script makes (mknod c 240 N), so
 # Slurm hands jobs CUDA_VISIBLE_DEVICES / SLURM_JOB_GPUS exactly as on a GPU node. All state, logs and config
 # live under $SLURM_ELASTIC_CLUSTER_DIR (default /var/tmp/slurm-elastic-cluster). Facts behind the choices:
-# ../shared/slurm-facts.md and docs/test-cluster.md.
+# docs/slurm-facts.md and docs/test-cluster.md.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

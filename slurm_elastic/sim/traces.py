@@ -1,4 +1,4 @@
-"""Where the shared traces live: ``$SLURM_ELASTIC_TRACES``, else ``../shared/traces`` beside the repo."""
+"""Where the traces live: ``$SLURM_ELASTIC_TRACES``, else ``traces/`` in the repository (see traces/README.md)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ def traces_dir(environ: Mapping[str, str] | None = None) -> Path:
         if not path.is_dir():
             raise TracesNotFoundError(f"{TRACES_ENV}={override} is not a directory")
         return path
-    path = _REPO_ROOT.parent / "shared" / "traces"
+    path = _REPO_ROOT / "traces"
     if not path.is_dir():
         raise TracesNotFoundError(
-            f"trace directory not found at {path}; set {TRACES_ENV} to the directory holding pollux/"
+            f"trace directory not found at {path} (it ships with the source checkout); "
+            f"set {TRACES_ENV} to the directory holding pollux/"
         )
     return path
 

@@ -1,7 +1,7 @@
 """Fidelity check: our rigid baselines against the Pollux artifact's own simulator on the same data.
 
 The artifact's figures for workloads/workload-6.csv on 16 nodes x 4 GPUs, rigid jobs at their requested size
-(shared/traces/README.md): FIFO with greedy backfill, average JCT 6,262 s and p99 32,383 s; strict FIFO,
+(traces/README.md): FIFO with greedy backfill, average JCT 6,262 s and p99 32,383 s; strict FIFO,
 average JCT 15,051 s. We reproduce them by modelling the artifact (GPU-granular most-free-first placement,
 60 s cycles, 30 s start cost, measured step times, its statistical-efficiency model), not by tuning: measured
 6,258 s / 32,383 s and 15,048 s.
