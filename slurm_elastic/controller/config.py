@@ -13,6 +13,7 @@ is ever evaluated as code. Example::
     policy_file = "/etc/slurm-elastic/policy.toml"   # used until a version is stored with `policy set`
     holder = ""                # lease holder name; default: hostname:pid
     lease_ttl_s = 90
+    lease_stale_s = 0          # heartbeat age after which another host may take the lease; 0: 3 x interval_s
     reconcile_interval_s = 60
     retention_interval_s = 3600
     accounting_refresh_s = 300 # re-read fair-share weights (sshare) and GPU limits (sacctmgr) this often
@@ -104,6 +105,7 @@ class ControllerConfig:
     policy_file: Path | None = None
     holder: str = ""
     lease_ttl_s: float = 90.0
+    lease_stale_s: float = 0.0  # 0: 3 x interval_s (at most the TTL); see controller/lease.py
     reconcile_interval_s: float = 60.0
     retention_interval_s: float = 3600.0
     accounting_refresh_s: float = 300.0  # sshare weights and sacctmgr GPU limits (controller/shares.py)
@@ -119,6 +121,11 @@ class ControllerConfig:
     def holder_name(self) -> str:
         return self.holder or f"{socket.gethostname()}:{os.getpid()}"
 
+    @property
+    def lease_stale_after_s(self) -> float:
+        """The heartbeat age after which this controller, holding the lease, counts as gone to another host."""
+        return self.lease_stale_s or min(3 * self.interval_s, self.lease_ttl_s)
+
 
 _CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
     "interval_s": ((int, float), (0.5, 86400)),
@@ -129,6 +136,7 @@ _CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] |
     "policy_file": (str, None),
     "holder": (str, None),
     "lease_ttl_s": ((int, float), (2, 86400)),
+    "lease_stale_s": ((int, float), (0, 86400)),
     "reconcile_interval_s": ((int, float), (1, 86400)),
     "retention_interval_s": ((int, float), (10, 864000)),
     "accounting_refresh_s": ((int, float), (1, 86400)),
@@ -203,6 +211,10 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
     keep = _check(data.get("retention", {}), _RETENTION_KEYS, "retention", problems)
     if "table_prefix" in ctl and not PREFIX_RE.match(ctl["table_prefix"]):
         problems.append("controller.table_prefix: up to 16 lower-case letters, digits or '_', starting with a letter")
+    stale, ttl = ctl.get("lease_stale_s", 0), ctl.get("lease_ttl_s", ControllerConfig.lease_ttl_s)
+    if stale and (stale >= ttl or stale < ctl.get("interval_s", ControllerConfig.interval_s)):
+        problems.append(f"controller.lease_stale_s: {stale:g} must be at least interval_s (a heartbeat per cycle) "
+                        f"and below lease_ttl_s ({ttl:g}), or 0 for 3 x interval_s")
     api = _check(data.get("api", {}), _API_KEYS, "api", problems)
     metrics = _check(data.get("metrics", {}), _METRICS_KEYS, "metrics", problems)
     if "socket" in api and api["socket"] and not api["socket"].startswith("/"):
@@ -243,6 +255,7 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
         policy_file=Path(ctl["policy_file"]) if ctl.get("policy_file") else None,
         holder=str(ctl.get("holder", "")),
         lease_ttl_s=float(ctl.get("lease_ttl_s", 90.0)),
+        lease_stale_s=float(ctl.get("lease_stale_s", 0.0)),
         reconcile_interval_s=float(ctl.get("reconcile_interval_s", 60.0)),
         retention_interval_s=float(ctl.get("retention_interval_s", 3600.0)),
         accounting_refresh_s=float(ctl.get("accounting_refresh_s", 300.0)),

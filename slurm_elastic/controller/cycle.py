@@ -24,6 +24,7 @@ from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.extension import orphaned_extensions, parse_tag
 from slurm_elastic.controller.goodput import GoodputReader, StoreJournal
+from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import SLURM_LOSS_STATES, LossRecorder
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
@@ -104,12 +105,15 @@ class Controller:
         self._last_sample: dict[int, datetime] = {}
         self._slurm_down_since: float | None = None
         self._token: FencingToken | None = None
+        self.process = this_process()  # recorded in the lease: a successor checks whether it still runs
         self.policy_version: int | None = None  # the stored policy version in force (None: file or defaults)
         self.metrics = metrics  # per-cycle series; the daemon's observe_cycle() adds timing, lease and totals
 
     # --- lease ------------------------------------------------------------------------------------------
     def _hold_lease(self) -> FencingToken | None:
-        lease = self.store.lease.acquire(self.cfg.holder_name, timedelta(seconds=self.cfg.lease_ttl_s))
+        lease = hold_lease(self.store.lease, self.cfg.holder_name, timedelta(seconds=self.cfg.lease_ttl_s),
+                           process=self.process, stale_after=timedelta(seconds=self.cfg.lease_stale_after_s),
+                           now=self.store.now)
         if lease is None:
             if self._token is not None:
                 log.warning("lease lost to another controller; standing by")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Column, Engine, Integer, inspect, select, update
+from sqlalchemy import BigInteger, Column, Double, Engine, Integer, String, inspect, select, update
 from sqlalchemy.engine import Connection
 
 from slurm_elastic.store.engine import BEGIN_OPTION
@@ -33,7 +33,7 @@ from slurm_elastic.store.errors import (
 )
 from slurm_elastic.store.models import Models
 
-CURRENT_SCHEMA_VERSION = 2
+CURRENT_SCHEMA_VERSION = 3
 
 Migration = Callable[[Connection, Models], None]
 
@@ -47,8 +47,27 @@ def _add_time_limit_added(conn: Connection, models: Models) -> None:
         op_add_column(conn, table, Column("time_limit_added_min", Integer, nullable=True))
 
 
+def _add_lease_holder_process(conn: Connection, models: Models) -> None:
+    """2 -> 3: the lease says which process holds it (host, pid, boot/PID-namespace scope, start time) and after
+    how long its heartbeat counts as stale, so a restarted controller takes over from a dead holder at once
+    instead of after the TTL. Nullable: an old holder's row says nothing, and waits for its TTL as before.
+    Adds only the columns still missing, so it runs again harmlessly."""
+    table = f"{models.prefix}lease"
+    have = {c["name"] for c in inspect(conn).get_columns(table)}
+    wanted: list[Column[object]] = [
+        Column("holder_host", String(255), nullable=True),
+        Column("holder_pid", Integer, nullable=True),
+        Column("holder_scope", String(255), nullable=True),
+        Column("holder_start", BigInteger, nullable=True),
+        Column("stale_after_s", Double, nullable=True),
+    ]
+    for column in wanted:
+        if column.name not in have:
+            op_add_column(conn, table, column)
+
+
 # N -> the function taking schema N to N+1.
-MIGRATIONS: Mapping[int, Migration] = {1: _add_time_limit_added}
+MIGRATIONS: Mapping[int, Migration] = {1: _add_time_limit_added, 2: _add_lease_holder_process}
 
 
 @dataclass(frozen=True)

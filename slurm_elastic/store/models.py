@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Double,
     ForeignKey,
@@ -207,8 +208,14 @@ class LeaseColumns(_Row):
     holder: Mapped[str | None] = mapped_column(String(NAME))
     epoch: Mapped[int] = mapped_column(BigId)
     acquired_at: Mapped[datetime] = mapped_column(UtcDateTime)
-    renewed_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    renewed_at: Mapped[datetime] = mapped_column(UtcDateTime)  # the holder's heartbeat: every cycle
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    # Who holds it, so that a successor can tell a dead holder from a live one (schema 3; NULL: unknown).
+    holder_host: Mapped[str | None] = mapped_column(String(NAME))
+    holder_pid: Mapped[int | None] = mapped_column(Integer)
+    holder_scope: Mapped[str | None] = mapped_column(String(NAME))  # boot id + PID namespace: where pids compare
+    holder_start: Mapped[int | None] = mapped_column(BigInteger)  # the process's start time (ticks after boot)
+    stale_after_s: Mapped[float | None] = mapped_column(Double)  # heartbeat age past which the holder is stale
 
 
 class AgentColumns(_Row):

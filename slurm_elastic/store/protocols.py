@@ -23,6 +23,7 @@ from slurm_elastic.store.records import (
     ExtensionRecord,
     FencingToken,
     GpuTotals,
+    HolderProcess,
     JobObservation,
     LeaseRecord,
     NewDecision,
@@ -122,7 +123,10 @@ class PauseStore(Protocol):
 
 
 class LeaseStore(Protocol):
-    def acquire(self, holder: str, ttl: timedelta, name: str = ...) -> LeaseRecord | None: ...
+    def acquire(self, holder: str, ttl: timedelta, name: str = ..., *, process: HolderProcess | None = ...,
+                stale_after: timedelta | None = ...) -> LeaseRecord | None: ...
+    def take_over(self, holder: str, ttl: timedelta, seen: LeaseRecord, *, process: HolderProcess | None = ...,
+                  stale_after: timedelta | None = ...) -> LeaseRecord | None: ...
     def renew(self, token: FencingToken, ttl: timedelta) -> LeaseRecord | None: ...
     def release(self, token: FencingToken) -> bool: ...
     def get(self, name: str = ...) -> LeaseRecord | None: ...

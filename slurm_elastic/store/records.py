@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -66,16 +66,37 @@ class FencingToken:
 
 
 @dataclass(frozen=True)
+class HolderProcess:
+    """The process holding a lease. ``pid`` and ``start`` only mean something to a reader in the same ``scope``
+    (the same boot of the same kernel and the same PID namespace); ``start`` tells a reused pid apart."""
+
+    host: str
+    pid: int
+    scope: str | None = None  # None: not known on this platform, so only the heartbeat says whether it lives
+    start: int | None = None
+
+
+@dataclass(frozen=True)
 class LeaseRecord:
     name: str
     holder: str | None  # None once released
     epoch: int  # fencing token: grows by one each time the lease changes hands (or is re-acquired)
     acquired_at: datetime
-    renewed_at: datetime
+    renewed_at: datetime  # the holder's heartbeat
     expires_at: datetime
+    process: HolderProcess | None = None  # None: a holder that did not say (schema 2, or released)
+    stale_after: timedelta | None = None  # the holder's own bound: a heartbeat older than this is stale
 
     def is_held(self, now: datetime) -> bool:
         return self.holder is not None and self.expires_at > now
+
+    def heartbeat_age(self, now: datetime) -> timedelta:
+        return now - self.renewed_at
+
+    def is_stale(self, now: datetime) -> bool:
+        """Held, but its heartbeat is older than the holder's own bound (it is probably gone)."""
+        return (self.is_held(now) and self.stale_after is not None
+                and self.heartbeat_age(now) > self.stale_after)
 
     def token(self) -> FencingToken:
         if self.holder is None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Column, Integer, inspect, text
+from sqlalchemy import Column, Integer, create_engine, inspect, text
 from sqlalchemy.engine import Connection
 
 from slurm_elastic.store import (
@@ -152,15 +153,30 @@ def test_foreign_tables_without_version_table_are_not_adopted(tmp_path: Path) ->
         open_file(tmp_path / "s.db")
 
 
-def _as_schema_1(path: Path) -> None:
-    """A database as slurm-elastic with schema 1 left it: no elastic_jobs.time_limit_added_min, one job."""
+LEASE_PROCESS_COLUMNS = ("holder_host", "holder_pid", "holder_scope", "holder_start", "stale_after_s")
+
+
+def _as_schema_2(path: Path) -> None:
+    """A database as slurm-elastic with schema 2 left it: a lease row without its holder's process, one job."""
     st = open_file(path)
     st.jobs.upsert_job(JobObservation(job_id=7, user="alice", partition="gpu", current_nodes=2, min_nodes=1,
                                       max_nodes=4, state="RUNNING"))
+    assert st.lease.acquire("old:1", timedelta(seconds=90)) is not None
     with st.db.engine.begin() as conn:
-        conn.execute(text("ALTER TABLE elastic_jobs DROP COLUMN time_limit_added_min"))
-    set_version(st, 1)
+        for column in LEASE_PROCESS_COLUMNS:
+            conn.execute(text(f"ALTER TABLE lease DROP COLUMN {column}"))
+    set_version(st, 2)
     st.close()
+
+
+def _as_schema_1(path: Path) -> None:
+    """A database as slurm-elastic with schema 1 left it: also no elastic_jobs.time_limit_added_min."""
+    _as_schema_2(path)
+    engine = create_engine(sqlite_url(path))
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE elastic_jobs DROP COLUMN time_limit_added_min"))
+        conn.execute(text("UPDATE schema_version SET version = 1"))
+    engine.dispose()
 
 
 def test_schema_1_to_2_adds_the_time_limit_column_and_keeps_the_rows(tmp_path: Path) -> None:
@@ -171,7 +187,7 @@ def test_schema_1_to_2_adds_the_time_limit_column_and_keeps_the_rows(tmp_path: P
     with pytest.raises(SchemaOutdatedError, match="db upgrade"):
         open_file(tmp_path / "s.db")
     st = open_file(tmp_path / "s.db", upgrade=True)
-    assert st.schema_version() == 2
+    assert st.schema_version() == CURRENT_SCHEMA_VERSION
     assert "time_limit_added_min" in {c["name"] for c in inspect(st.db.engine).get_columns("elastic_jobs")}
     rec = st.jobs.get_job(7)
     assert rec is not None and rec.user == "alice" and rec.time_limit_added_min == 0
@@ -186,6 +202,22 @@ def test_the_1_to_2_step_can_run_again(tmp_path: Path) -> None:
     st = open_file(tmp_path / "s.db", upgrade=True)
     with st.db.engine.begin() as conn:
         MIGRATIONS[1](conn, st.db.models)  # the column is there already: nothing happens
-    assert st.schema_version() == 2
+    assert st.schema_version() == CURRENT_SCHEMA_VERSION
+    st.close()
+
+
+def test_schema_2_to_3_records_the_lease_holder_process_and_keeps_the_old_lease(tmp_path: Path) -> None:
+    """The lease of a schema-2 holder survives the upgrade without a process or heartbeat bound, so nobody
+    takes it before its TTL; a new acquire records them."""
+    _as_schema_2(tmp_path / "s.db")
+    with pytest.raises(SchemaOutdatedError, match="version 2"):
+        open_file(tmp_path / "s.db")
+    st = open_file(tmp_path / "s.db", upgrade=True)
+    assert st.schema_version() == 3
+    assert set(LEASE_PROCESS_COLUMNS) <= {c["name"] for c in inspect(st.db.engine).get_columns("lease")}
+    old = st.lease.get()
+    assert old is not None and old.holder == "old:1" and old.process is None and old.stale_after is None
+    with st.db.engine.begin() as conn:
+        MIGRATIONS[2](conn, st.db.models)  # runs again harmlessly (MySQL commits DDL at once)
     st.close()
 
