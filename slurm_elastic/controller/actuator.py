@@ -5,22 +5,30 @@ owner) whose comment carries the key, then record the extension and mark the act
 in between leaves a dangling intent that reconcile resolves by looking for the key in Slurm: found means
 applied, not found means aborted. Nothing is ever submitted twice for one key.
 
-Shrink: journal the intent (with its plan and the grace deadline), send the grace signal, and come back on a
-later cycle once the grace period is over; then re-check the plan against the current snapshot (never below
-min, never the batch host) and carry it out: cancel extension jobs (newest first), shrink a partly released
-extension in place, then release leader nodes with ``scontrol update NodeList=``.
+Shrink: journal the intent (with its plan and the grace deadline), write the resize notice and send the grace
+signal, and come back on a later cycle once the job has acknowledged its checkpoint or the grace period is over;
+then re-check the plan against the current snapshot (never below min, never the batch host) and carry it out:
+cancel extension jobs (newest first), shrink a partly released extension in place, then release leader nodes with
+``scontrol update NodeList=``; then withdraw the notice.
+
+Every resize is announced to the training processes first (slurm_elastic/resize.py, controller/notices.py): a
+shrink's notice lasts its grace period; a grow's notice is written just before the extension job is submitted,
+and the extension job's launcher starts its workers once the running ones have acknowledged (at most
+``notice_grace_s`` later). A known acknowledgement time shortens a grow notice's deadline.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from slurm_elastic.controller.extension import build_request, rendezvous_endpoint
+from slurm_elastic.controller.notices import NoticeBoard, NoticeError
 from slurm_elastic.policy import Decision
+from slurm_elastic.resize import Notice, make_notice
 from slurm_elastic.slurm.adapter import ResizeRefusedError, SlurmCli
 from slurm_elastic.slurm.errors import SlurmError, SlurmJobNotFoundError, SlurmTransientError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
@@ -54,6 +62,44 @@ class Actuator:
     extension_env: Mapping[str, str]
     fault: FaultHook = _no_fault
     extension_qos: str = ""  # [extension] qos; "" = the leader's QOS
+    notice_grace_s: float = 30.0  # [extension] notice_grace_s: how long a grow waits for the job's checkpoint
+    notices: NoticeBoard = field(default_factory=NoticeBoard)
+    _grow_notices: dict[int, Notice] = field(default_factory=dict)  # unit id -> its last grow notice
+    _ack_s: dict[int, float] = field(default_factory=dict)  # unit id -> how long its last acknowledgement took
+
+    # --- resize notices ------------------------------------------------------------------------------------
+    def known_ack_s(self, unit_id: int, job: Job | None) -> float | None:
+        """How long the job took to acknowledge its last notice, when the controller has seen one."""
+        last = self._grow_notices.get(unit_id)
+        if last is not None and job is not None:
+            try:
+                ack = self.notices.acknowledgement(job, unit_id, last.id)
+            except NoticeError:
+                ack = None
+            if ack is not None:
+                self._ack_s[unit_id] = max(0.0, round(ack.time - last.time, 3))
+                del self._grow_notices[unit_id]
+        return self._ack_s.get(unit_id)
+
+    def grow_notice_s(self, unit_id: int, job: Job | None) -> float:
+        """The grow notice's grace: ``notice_grace_s``, or 4x the job's known acknowledgement time (at least
+        5 s) when that is shorter: the extension waits for the acknowledgement anyway, the deadline only bounds
+        the wait when none comes."""
+        known = self.known_ack_s(unit_id, job)
+        if known is None:
+            return self.notice_grace_s
+        return min(self.notice_grace_s, max(MIN_NOTICE_S, 4 * known))
+
+    def _post_notice(self, job: Job | None, unit_id: int, notice: Notice) -> str:
+        """Write the notice; returns a note for the outcome text."""
+        if job is None:
+            return "; no resize notice: job not in the snapshot"
+        try:
+            self.notices.post(job, unit_id, notice)
+        except NoticeError as e:
+            log.info("job %s: no resize notice: %s", job.display_id, e)
+            return f"; no resize notice: {e}"
+        return f"; notice {notice.kind} due in {notice.deadline - notice.time:.0f}s"
 
     # --- grow ------------------------------------------------------------------------------------------
     def grow(self, d: Decision, snap: ClusterSnapshot, decision_id: int | None, ctx: CycleContext) -> str:
@@ -65,13 +111,21 @@ class Actuator:
         cycle_id, token, now = ctx.cycle_id, ctx.token, ctx.now
         key = f"grow:{d.unit_id}:{cycle_id}"
         gpus = sum(g.count for g in plan.gres_per_node if g.name == "gpu") * len(plan.nodes)
+        known_ack = self.known_ack_s(d.unit_id, unit)
+        notice_s = self.grow_notice_s(d.unit_id, unit)
         action_id = self.store.journal.record_intent(
             job_id=d.unit_id, kind=ActionKind.GROW, idempotency_key=key, decision_id=decision_id,
             cycle_id=cycle_id, nodes=len(plan.nodes), gpus=gpus, fencing=token,
             params={"nodes": list(plan.nodes), "from": d.current_nodes, "to": d.target_nodes,
-                    "reason": str(d.reason), "time_limit_sub_s": plan.time_limit_sub_s})
+                    "reason": str(d.reason), "time_limit_sub_s": plan.time_limit_sub_s,
+                    "notice_s": notice_s, "last_ack_s": known_ack})
         self.fault("grow:after-intent")
         self.store.journal.mark_in_progress(action_id, fencing=token)
+        notice = make_notice("grow", notice_s, now=now.timestamp(), from_nodes=d.current_nodes,
+                             to_nodes=d.target_nodes, notice_id=key)
+        notice_note = self._post_notice(unit, d.unit_id, notice)
+        if not notice_note.startswith("; no "):
+            self._grow_notices[d.unit_id] = notice
         try:
             script_owner = unit.het_job_id if unit.het_job_id is not None else unit.job_id
             script = self.slurm.batch_script(script_owner)
@@ -81,7 +135,7 @@ class Actuator:
             sized = replace(unit, time_limit_min=(unit.time_limit_min or 0) - sub_min) if sub_min else unit
             req = build_request(sized, plan.nodes, key, now,
                                 rendezvous=rendezvous_endpoint(unit, batch.address if batch else None),
-                                base_env=self.extension_env, qos=self.extension_qos)
+                                base_env=self.extension_env, qos=self.extension_qos, notice_grace_s=notice_s)
             ext_id = self.slurm.submit_as(req.user, script, req.sbatch_args, env=req.env)
         except SlurmError as e:
             self.store.journal.mark_failed(action_id, _msg(e), transient=isinstance(e, SlurmTransientError))
@@ -91,8 +145,9 @@ class Actuator:
                                          state="PENDING", action_id=action_id, idempotency_key=key,
                                          nodelist=",".join(plan.nodes))
         note = self._give_back_time_limit(unit, sub_min)
-        self.store.journal.mark_applied(action_id, f"extension job {ext_id} on {','.join(plan.nodes)}{note}")
-        return f"extension job {ext_id} submitted{note}"
+        self.store.journal.mark_applied(action_id,
+                                        f"extension job {ext_id} on {','.join(plan.nodes)}{note}{notice_note}")
+        return f"extension job {ext_id} submitted{note}{notice_note}"
 
     def _give_back_time_limit(self, leader: Job, sub_min: int) -> str:
         """After the extension is submitted: lower the leader's time limit by ``sub_min`` (out of what shrinks
@@ -113,8 +168,10 @@ class Actuator:
         return f"; time limit {leader.time_limit_min} -> {new} min (-{sub_min}min)"
 
     # --- shrink, phase 1: intent + grace signal ------------------------------------------------------------
-    def start_shrink(self, d: Decision, decision_id: int | None, ctx: CycleContext) -> str:
+    def start_shrink(self, d: Decision, decision_id: int | None, ctx: CycleContext,
+                     snap: ClusterSnapshot | None = None) -> str:
         assert d.shrink is not None
+        job = snap.job(d.unit_id) if snap is not None else None
         plan = d.shrink
         cycle_id, token, now = ctx.cycle_id, ctx.token, ctx.now
         key = f"shrink:{d.unit_id}:{cycle_id}"
@@ -122,12 +179,18 @@ class Actuator:
         params: dict[str, Any] = {
             "from": d.current_nodes, "to": d.target_nodes, "reason": str(d.reason), **plan.to_dict(),
             "signal": d.signal, "grace_s": d.grace_s, "deadline": deadline.isoformat(),
+            "last_ack_s": self.known_ack_s(d.unit_id, job),
         }
         action_id = self.store.journal.record_intent(
             job_id=d.unit_id, kind=ActionKind.SHRINK, idempotency_key=key, decision_id=decision_id,
             cycle_id=cycle_id, nodes=len(plan.released_nodes), fencing=token, params=params)
         self.fault("shrink:after-intent")
         self.store.journal.mark_in_progress(action_id, fencing=token)
+        notice_note = ""
+        if d.grace_s > 0:  # the notice's id is the action's key: finish_shrink looks for its acknowledgement
+            notice_note = self._post_notice(job, d.unit_id, make_notice(
+                "shrink", d.grace_s, now=now.timestamp(), from_nodes=d.current_nodes, to_nodes=d.target_nodes,
+                notice_id=key))
         if d.signal and d.grace_s > 0:
             try:
                 self.slurm.signal(d.unit_id, d.signal)
@@ -136,8 +199,9 @@ class Actuator:
                 return "job gone"
             except SlurmError as e:  # the shrink still waits out the grace; the failure is on record
                 log.warning("grace signal %s to job %s failed: %s", d.signal, d.unit_id, _msg(e))
-            return f"SIG{d.signal} sent; nodes go after {d.grace_s}s"
-        return "no grace period"
+            return f"SIG{d.signal} sent; nodes go after {d.grace_s}s or at the acknowledgement{notice_note}"
+        return f"nodes go after {d.grace_s}s or at the acknowledgement{notice_note}" if d.grace_s > 0 \
+            else "no grace period"
 
     # --- shrink, phase 2: after the grace period ---------------------------------------------------------------
     def finish_shrink(self, action: ActionRecord, snap: ClusterSnapshot, *, min_nodes: int | None,
@@ -151,17 +215,19 @@ class Actuator:
             # never warned. Take no node unwarned; a later cycle decides (and signals) anew (docs/reliability.md).
             self.store.journal.abort(action.id, "the grace signal was never sent (crash after the intent)")
             return "aborted: grace signal never sent"
-        if now < datetime.fromisoformat(str(p["deadline"])):
+        leader = snap.job(action.job_id)
+        ack_note = self._shrink_ack(action, leader, now)
+        if ack_note is None:
             return None
         if action.state == ActionState.INTENT:  # a transient failure put it back: another attempt
             self.store.journal.mark_in_progress(action.id, fencing=token)
-        leader = snap.job(action.job_id)
         if leader is None or not leader.is_running:
             self.store.journal.abort(action.id, "job no longer running")
             return "job gone"
         after = _nodes_after(p, leader, snap, extension_ids)
         if min_nodes is not None and after < min_nodes:
             self.store.journal.abort(action.id, f"would leave {after} nodes < min {min_nodes}: the job changed")
+            self._withdraw(leader, action)
             return "aborted: below min"
         try:
             for ext_id in p.get("cancel_extensions") or []:
@@ -179,14 +245,45 @@ class Actuator:
                 self.slurm.shrink(leader, keep)
         except ResizeRefusedError as e:
             self.store.journal.abort(action.id, f"refused: {e}")
+            self._withdraw(leader, action)
             return f"refused: {e}"
         except SlurmError as e:
             self.store.journal.mark_failed(action.id, _msg(e), transient=isinstance(e, SlurmTransientError))
             return f"shrink failed: {_msg(e)}"
         released = ",".join(p.get("released_nodes") or [])
-        outcome = f"released {released}{self._extend_time_limit(action, leader)}"
+        outcome = f"released {released}{ack_note}{self._extend_time_limit(action, leader)}"
         self.store.journal.mark_applied(action.id, outcome)
+        self._withdraw(leader, action)
         return outcome
+
+    def _shrink_ack(self, action: ActionRecord, leader: Job | None, now: datetime) -> str | None:
+        """None while the shrink must still wait: before its deadline, unless the job acknowledged the notice
+        (then the note says after how long, and that time is remembered for the job)."""
+        p = action.params
+        deadline = datetime.fromisoformat(str(p["deadline"]))
+        ack = None
+        if leader is not None and float(p.get("grace_s") or 0) > 0:
+            try:
+                ack = self.notices.acknowledgement(leader, action.job_id, action.idempotency_key)
+            except NoticeError:
+                ack = None
+        if ack is not None:
+            grace = float(p.get("grace_s") or 0)
+            took = max(0.0, round(ack.time - (deadline.timestamp() - grace), 3))
+            self._ack_s[action.job_id] = took
+            return f"; checkpoint acknowledged after {took:.1f}s"
+        if now < deadline:
+            return None
+        return "; no acknowledgement: grace period over" if float(p.get("grace_s") or 0) > 0 else ""
+
+    def _withdraw(self, leader: Job | None, action: ActionRecord) -> None:
+        """Remove a finished shrink's notice: workers holding after their checkpoint train on."""
+        if leader is None:
+            return
+        try:
+            self.notices.withdraw(leader, action.job_id, action.idempotency_key)
+        except NoticeError as e:
+            log.debug("job %s: notice not withdrawn: %s", leader.display_id, e)
 
     def _extend_time_limit(self, action: ActionRecord, leader: Job) -> str:
         """After the nodes are gone: raise the leader's time limit by the plan's ``time_limit_add_s``.
@@ -209,6 +306,9 @@ class Actuator:
         # What a later grow may give back; counted after Slurm took it, so a crash leaves the count too low (safe).
         self.store.jobs.add_time_limit(leader.job_id, add_min)
         return f"; time limit {leader.time_limit_min} -> {new} min (+{add_min}min)"
+
+
+MIN_NOTICE_S = 5.0
 
 
 def _give_back_min(leader: Job, sub_s: int) -> int:

@@ -28,6 +28,8 @@ is ever evaluated as code. Example::
     [extension]
     env = { PATH = "/usr/local/bin:/usr/bin:/bin" }   # environment of extension jobs (plus the role variables)
     qos = ""                   # QOS of extension jobs, e.g. a preemptible "scavenger"; "" = the leader's QOS
+    notice_grace_s = 30        # a grow's resize notice: extension workers join once the job has checkpointed,
+                               # at most this long after the submission (slurm_elastic/resize.py)
 
     [api]                      # the local API the CLI talks to (see docs/operating.md)
     socket = "/run/slurm-elastic/controller.sock"   # "" disables it
@@ -112,6 +114,7 @@ class ControllerConfig:
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     extension_env: Mapping[str, str] = field(default_factory=lambda: {"PATH": "/usr/local/bin:/usr/bin:/bin"})
     extension_qos: str = ""  # "" = the leader's QOS (see docs/controller.md, "Slurm-side losses")
+    notice_grace_s: float = 30.0  # [extension] notice_grace_s: a grow's notice (controller/actuator.py)
     retention: Retention = field(default_factory=Retention)
     api: ApiConfig = field(default_factory=ApiConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -230,15 +233,21 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
     ext = data.get("extension", {})
     ext_env: dict[str, str] = {}
     ext_qos = ""
+    notice_grace_s = ControllerConfig.notice_grace_s
     for key, value in ext.items():
-        if key == "qos":
+        if key == "notice_grace_s":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
+                problems.append("extension.notice_grace_s: seconds, 0..3600")
+            else:
+                notice_grace_s = float(value)
+        elif key == "qos":
             if not isinstance(value, str) or not (value == "" or QOS_NAME_RE.match(value)):
                 problems.append("extension.qos: a Slurm QOS name (letters, digits, '_', '-', '.'; up to 64) "
                                 "or \"\" for the leader's QOS")
             else:
                 ext_qos = value
         elif key != "env":
-            problems.append(f"extension.{key}: unknown key (known: env, qos)")
+            problems.append(f"extension.{key}: unknown key (known: env, qos, notice_grace_s)")
         elif not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             problems.append("extension.env: must be a table of strings")
         else:
@@ -267,6 +276,7 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
         ),
         extension_env=ext_env or {"PATH": "/usr/local/bin:/usr/bin:/bin"},
         extension_qos=ext_qos,
+        notice_grace_s=notice_grace_s,
         retention=Retention(samples_s=days("samples"), decisions_s=days("decisions"), actions_s=days("actions"),
                             jobs_s=days("jobs"), cycles_s=days("cycles")),
         api=ApiConfig(

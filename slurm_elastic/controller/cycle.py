@@ -95,7 +95,8 @@ class Controller:
         self.store = store
         self.collector = collector
         self.clock = clock
-        self.actuator = actuator or Actuator(slurm, store, cfg.extension_env, extension_qos=cfg.extension_qos)
+        self.actuator = actuator or Actuator(slurm, store, cfg.extension_env, extension_qos=cfg.extension_qos,
+                                             notice_grace_s=cfg.notice_grace_s)
         self.losses = LossRecorder(store)  # extensions Slurm took away: preemption, node failure (losses.py)
         self.specs = SpecCache()
         self.admits = AdmitFollower(verify_s=max(60.0, 5 * cfg.interval_s))  # did shrink-to-admit work?
@@ -235,7 +236,7 @@ class Controller:
                 if d.action == Action.GROW and d.grow is not None:
                     summary.acted[d.unit_id] = self.actuator.grow(d, snap, decision_id, ctx)
                 elif d.action == Action.SHRINK and d.shrink is not None:
-                    summary.acted[d.unit_id] = self.actuator.start_shrink(d, decision_id, ctx)
+                    summary.acted[d.unit_id] = self.actuator.start_shrink(d, decision_id, ctx, snap)
             except (SlurmError, StoreError) as e:  # one unit's failure never stops the cycle
                 summary.acted[d.unit_id] = f"error: {e}"
                 log.error("acting on job %s failed: %s", d.display_id, e)

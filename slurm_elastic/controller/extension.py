@@ -50,6 +50,36 @@ def rendezvous_endpoint(leader: Job, node_address: str | None) -> str:
     return f"{host}:{RDZV_PORT_BASE + leader.job_id % 1000}"
 
 
+_JOB_PATTERNS = {"j": "job_id", "A": "job_id", "x": "name", "u": "user"}
+
+
+def leader_file(pattern: str, leader: Job) -> str:
+    """The leader's ``--output``/``--error`` pattern with its per-job fields (%j, %A, %x, %u) filled in with the
+    leader's values, so that the extension appends to the leader's own file (``slurm-%j.out`` would otherwise
+    name a new file per extension). Per-node and per-task fields (%N, %n, %t, ...) are left to Slurm."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "%" and i + 1 < len(pattern):
+            j = i + 1
+            while j < len(pattern) and pattern[j].isdigit():  # %5j: zero-padded width
+                j += 1
+            if j < len(pattern) and pattern[j] in _JOB_PATTERNS:
+                value = str(getattr(leader, _JOB_PATTERNS[pattern[j]]))
+                width = int(pattern[i + 1:j]) if j > i + 1 else 0
+                out.append(value.zfill(width) if pattern[j] in "jA" else value)
+                i = j + 1
+                continue
+            if j < len(pattern) and pattern[j] == "%" and j == i + 1:
+                out.append("%%")
+                i = j + 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
 @dataclass(frozen=True)
 class ExtensionRequest:
     """Everything needed to submit one extension job (no I/O here)."""
@@ -69,11 +99,13 @@ def build_request(
     rendezvous: str,
     base_env: Mapping[str, str] | None = None,
     qos: str = "",
+    notice_grace_s: float | None = None,
 ) -> ExtensionRequest:
     """sbatch arguments and environment for an extension job of ``leader`` on exactly ``nodes``.
 
     ``qos``: the site's QOS for extension jobs (``[extension] qos``, e.g. a preemptible scavenger QOS); empty
-    means the leader's own QOS. The leader itself never runs in it."""
+    means the leader's own QOS. The leader itself never runs in it. ``notice_grace_s``: how long the extension's
+    launcher waits for the running workers to acknowledge their checkpoint before its own workers join."""
     node_list = list(nodes)
     if not node_list:
         raise ValueError("an extension job needs at least one node")
@@ -99,9 +131,9 @@ def build_request(
     # Write where the leader writes (an output the owner cannot open fails the job at once); append, so that a
     # pattern without %j never truncates the leader's own file.
     if leader.standard_output:
-        args.append(f"--output={leader.standard_output}")
+        args.append(f"--output={leader_file(leader.standard_output, leader)}")
     if leader.standard_error and leader.standard_error != leader.standard_output:
-        args.append(f"--error={leader.standard_error}")
+        args.append(f"--error={leader_file(leader.standard_error, leader)}")
     if leader.standard_output or leader.standard_error:
         args.append("--open-mode=append")
     remaining = leader.remaining_seconds(now)
@@ -114,6 +146,8 @@ def build_request(
         SLURM_ELASTIC_PARENT=str(leader.job_id),
         SLURM_ELASTIC_RDZV_ENDPOINT=rendezvous,
     )
+    if notice_grace_s is not None:
+        env["SLURM_ELASTIC_NOTICE_GRACE"] = f"{notice_grace_s:g}"
     return ExtensionRequest(user=leader.user, sbatch_args=tuple(args), env=env, tag=tag)
 
 

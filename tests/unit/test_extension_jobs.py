@@ -42,7 +42,7 @@ def test_request_mirrors_the_leader() -> None:
     assert args["--job-name"] == "elastic-ext-42" and args["--chdir"] == "/home/alice/run"
     assert parse_tag(args["--comment"]) == ExtensionTag(42, "grow:42:7:1")
     assert "--no-kill" in req.sbatch_args
-    assert args["--output"] == "/home/alice/run/%j.out" and args["--open-mode"] == "append"
+    assert args["--output"] == "/home/alice/run/42.out" and args["--open-mode"] == "append"
     assert req.env["SLURM_ELASTIC_ROLE"] == "extension" and req.env["SLURM_ELASTIC_PARENT"] == "42"
     assert req.env["SLURM_ELASTIC_RDZV_ENDPOINT"] == "10.0.0.1:29542" and req.env["PATH"] == "/usr/bin"
 
