@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from slurm_elastic.api.authz import AccessPolicy, Caller, authorize, check_job_owner
+from slurm_elastic.api.lease_status import controller_state
 from slurm_elastic.api.tomltext import apply_assignments, dumps
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.store import SqlStore
@@ -37,7 +38,8 @@ class ServiceSettings:
     access: AccessPolicy = field(default_factory=AccessPolicy)
     agent_stale_s: float = 120.0  # an agent not scraped successfully for this long is stale
     base_policy: BasePolicy = lambda: (DEFAULT_POLICY_TEXT, "packaged defaults")  # noqa: E731
-    via: str = "socket"  # "socket" (the controller answers: it is up) or "direct" (DB only)
+    via: str = "socket"  # "socket" (a controller process answers) or "direct" (DB only)
+    holder: str | None = None  # the lease holder name of the controller that answers the socket
 
 
 def _int(args: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
@@ -87,7 +89,6 @@ class Service:
     def op_status(self, caller: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
         now = self.clock()
         lease = self.store.lease.get()
-        live = lease is not None and lease.holder is not None and lease.expires_at > now
         cycle = self.store.decisions.last_cycle()
         user = None if caller.sees_all(self.settings.access) else caller.user
         jobs = self.store.jobs.list_jobs(active_only=True, user=user)
@@ -96,9 +97,10 @@ class Service:
         agents = self.store.agents.list_agents()
         stale = [a.node for a in agents if a.last_seen is None
                  or (now - a.last_seen).total_seconds() > self.settings.agent_stale_s]
-        up = live if self.settings.via == "direct" else True
-        return {"controller": "up" if up else "down", "via": self.settings.via,
-                "lease_holder": lease.holder if live and lease else None,
+        state = controller_state(lease, now)  # from the lease: a process answering the socket may be a standby
+        me = self.settings.holder if self.settings.via == "socket" else None
+        return {**state, "via": self.settings.via,
+                "answered_by": me, "standby": None if me is None else me != state["lease_holder"],
                 "lease_epoch": lease.epoch if lease else None,
                 "lease_expires": _iso(lease.expires_at) if lease else None,
                 "last_cycle": _iso(cycle.started_at) if cycle else None,

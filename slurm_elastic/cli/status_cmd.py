@@ -15,14 +15,21 @@ from slurm_elastic.cli.output import age, emit, output_options
 @backend_options
 @output_options
 def status_cmd(*, url: str | None, socket_: str | None, parsable: bool, as_json: bool, noheader: bool) -> None:
-    """Controller up/down and lease holder, last cycle, managed jobs, GPUs moved today, agents."""
+    """Controller up/stale/down (from the lease holder's heartbeat), last cycle, managed jobs, GPUs moved today,
+    agents."""
     s = call(url, socket_, "status")
     if as_json:
         click.echo(json.dumps(s, indent=2, default=str))
         return
     dur = s["last_cycle_duration_s"]
+    heartbeat = s["heartbeat_age_s"]
+    process = f"pid {s['lease_pid']} on {s['lease_host']}" if s["lease_pid"] is not None else ""
+    answered = s["answered_by"] and f"{s['answered_by']}{' (standby)' if s['standby'] else ''}"
     rows: list[tuple[str, Any]] = [
-        ("controller", s["controller"]), ("lease_holder", s["lease_holder"] or "(none)"),
+        ("controller", f"{s['controller']} ({s['controller_detail']})" if s["controller"] != "up"
+         else s["controller"]),
+        ("lease_holder", s["lease_holder"] or "(none)"), ("lease_process", process),
+        ("heartbeat_age", "" if heartbeat is None else age(heartbeat)), ("answered_by", answered or ""),
         ("last_cycle", s["last_cycle"] or "(never)"), ("last_cycle_duration", "" if dur is None else f"{dur:.2f}s"),
         ("last_cycle_error", s["last_cycle_error"] or ""), ("managed_jobs", s["managed_jobs"]),
         ("gpus_granted_today", s["gpus_granted_today"]), ("gpus_reclaimed_today", s["gpus_reclaimed_today"]),

@@ -59,18 +59,29 @@ class OverlapSummary(logging.Filter):
         return True
 
 
-def load_policy(cfg: ControllerConfig, store: SqlStore) -> tuple[PolicyConfig, str]:
-    """The newest policy version stored with ``policy set``, else the policy file, else the packaged defaults."""
+def read_policy_file(cfg: ControllerConfig) -> PolicyConfig | None:
+    """The policy file, validated (None when none is configured); ConfigError when it cannot be read or is
+    wrong. The controller checks it before it opens the state DB, so a refused start leaves no DB behind."""
+    if cfg.policy_file is None:
+        return None
+    try:
+        text = cfg.policy_file.read_text()
+    except OSError as e:
+        raise ConfigError(f"{cfg.policy_file}: cannot read: {e.strerror}") from e
+    return parse_config(text, source=str(cfg.policy_file))
+
+
+def load_policy(cfg: ControllerConfig, store: SqlStore,
+                from_file: PolicyConfig | None = None) -> tuple[PolicyConfig, str]:
+    """The newest policy version stored with ``policy set``, else the policy file (``from_file`` when already
+    read), else the packaged defaults."""
     current = store.policies.current_policy()
     if current is not None:
         return parse_config(current.toml_text, source=f"policy version {current.version}"), \
             f"policy version {current.version}"
-    if cfg.policy_file is not None:
-        try:
-            text = cfg.policy_file.read_text()
-        except OSError as e:
-            raise ConfigError(f"{cfg.policy_file}: cannot read: {e.strerror}") from e
-        return parse_config(text, source=str(cfg.policy_file)), str(cfg.policy_file)
+    policy = from_file if from_file is not None else read_policy_file(cfg)
+    if policy is not None:
+        return policy, str(cfg.policy_file)
     return default_config(), "packaged defaults"
 
 
@@ -109,7 +120,7 @@ def start_api(cfg: ControllerConfig) -> ApiServer | None:
     settings = ServiceSettings(
         access=AccessPolicy(slurm_user=cfg.api.slurm_user, operators_group=cfg.api.operators_group,
                             users_see_all=cfg.api.users_see_all),
-        agent_stale_s=max(3 * cfg.interval_s, 30.0), base_policy=base_policy, via="socket")
+        agent_stale_s=max(3 * cfg.interval_s, 30.0), base_policy=base_policy, via="socket", holder=cfg.holder_name)
     try:
         server = ApiServer(cfg.api.socket, Service(SqlStore.open(cfg.db_url, table_prefix=cfg.table_prefix), settings))
     except (SlurmElasticError, OSError) as e:  # the control loop goes on; the CLI says the controller is unreachable
@@ -124,9 +135,10 @@ def build_controller(cfg: ControllerConfig) -> Controller:
     if cfg.agents.key_file is None:
         raise ConfigError(f"{cfg.source}: agents.key_file is required (the agents refuse unsigned requests)")
     key = load_key(cfg.agents.key_file)
+    from_file = read_policy_file(cfg)  # every check that may refuse the start comes before the DB is created
     store = SqlStore.open(cfg.db_url, table_prefix=cfg.table_prefix)
     restrict_sqlite_file(cfg.db_url)
-    policy, source = load_policy(cfg, store)
+    policy, source = load_policy(cfg, store, from_file)
     log.info("policy from %s; dry_run=%s; interval %.1fs", source, cfg.dry_run, cfg.interval_s)
 
     def collector(agents: Mapping[str, str]) -> CollectResult:

@@ -188,7 +188,7 @@ def test_status_and_agents(store: SqlStore) -> None:
     store.agents.agent_seen("n1", url="http://n1:9817", version="0.1", gpu_count=4)
     store.agents.agent_failed("n2", url="http://n2:9817", error="timeout")
     s = service(store).handle(BOB, "status", {})
-    assert s["controller"] == "up" and s["managed_jobs"] == 0 and s["agents_stale"] == ["n2"]
+    assert s["controller"] == "down" and s["managed_jobs"] == 0 and s["agents_stale"] == ["n2"]  # no lease holder
     assert s["last_cycle"] is not None
     agents = {a["node"]: a for a in service(store).handle(BOB, "agents", {})["agents"]}
     assert agents["n1"]["reachable"] and agents["n1"]["gpus"] == 4
