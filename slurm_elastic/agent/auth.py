@@ -14,7 +14,12 @@ nonce is recorded only after the signature checks, so forged requests cannot fil
 answer the same way (``X-Slurm-Elastic-Signature``: HMAC over "SE1-response", the request's nonce and the body's
 hash), so the controller also knows the data came from a holder of the key.
 
-Everything here is pure except :func:`load_key`, which reads the key file and checks its mode.
+The same module decides who may read which ``/metrics`` series (:class:`MetricsAccess`): a scraper that presents
+the metrics token the Prometheus way (``Authorization: Bearer <token>``, what ``authorization: {credentials_file:
+...}`` in prometheus.yml sends) gets every series; one without credentials gets the series without per-job labels
+(job, user, account), nothing, or everything, as configured; wrong credentials get 401.
+
+Everything here is pure except :func:`load_key` and :func:`load_token`, which read a file and check its mode.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal
 
 from slurm_elastic.agent.errors import AuthError, KeyFileError
 
@@ -35,34 +41,56 @@ HEADER_TIMESTAMP = "X-Slurm-Elastic-Timestamp"
 HEADER_NONCE = "X-Slurm-Elastic-Nonce"
 HEADER_SIGNATURE = "X-Slurm-Elastic-Signature"  # on responses
 MIN_KEY_BYTES = 32
+MIN_TOKEN_BYTES = 16
+#: What ``/metrics`` serves to a scraper without credentials: the series without job/user/account labels, a 401,
+#: or every series (the opt-in to per-job labels without a token).
+METRICS_ANONYMOUS = ("reduced", "none", "all")
+#: Labels that tie a series to a job or a person; only the full view carries them.
+PER_JOB_LABELS = frozenset({"job", "jobid", "user", "account"})
 DEFAULT_MAX_SKEW_S = 30.0
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,128}")
+
+
+def _read_secret(p: Path, what: str, missing_hint: str) -> bytes:
+    """The stripped content of a secret file that only its owner (us or root) may access."""
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise KeyFileError(f"{what} {p} does not exist ({missing_hint})") from None
+    except OSError as exc:
+        raise KeyFileError(f"{what} {p}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise KeyFileError(f"{what} {p} is not a regular file")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise KeyFileError(f"{what} {p} has mode {mode:04o}, readable beyond its owner: chmod 600 {p}")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise KeyFileError(f"{what} {p} is owned by uid {st.st_uid}, neither us nor root")
+    try:
+        return p.read_bytes().strip()
+    except OSError as exc:
+        raise KeyFileError(f"{what} {p}: {exc.strerror}") from None
 
 
 def load_key(path: str | Path) -> bytes:
     """The shared key. Refuses a key file that group or others may access (mode must be 0600 or stricter)."""
     p = Path(path)
-    try:
-        st = p.stat()
-    except FileNotFoundError:
-        raise KeyFileError(
-            f"key file {p} does not exist (create one: slurm-elastic agent --generate-key {p})") from None
-    except OSError as exc:
-        raise KeyFileError(f"key file {p}: {exc.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise KeyFileError(f"key file {p} is not a regular file")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
-        raise KeyFileError(f"key file {p} has mode {mode:04o}, readable beyond its owner: chmod 600 {p}")
-    if st.st_uid not in (os.geteuid(), 0):
-        raise KeyFileError(f"key file {p} is owned by uid {st.st_uid}, neither us nor root")
-    try:
-        key = p.read_bytes().strip()
-    except OSError as exc:
-        raise KeyFileError(f"key file {p}: {exc.strerror}") from None
+    key = _read_secret(p, "key file", f"create one: slurm-elastic agent --generate-key {p}")
     if len(key) < MIN_KEY_BYTES:
         raise KeyFileError(f"key file {p} holds {len(key)} bytes; at least {MIN_KEY_BYTES} are needed")
     return key
+
+
+def load_token(path: str | Path) -> bytes:
+    """The metrics bearer token: mode 0600 or stricter, at least 16 printable ASCII characters without spaces (it
+    travels in an HTTP header; Prometheus trims the whitespace around a credentials_file the same way)."""
+    p = Path(path)
+    token = _read_secret(p, "metrics token file", f"create one: slurm-elastic agent --generate-key {p}")
+    if len(token) < MIN_TOKEN_BYTES:
+        raise KeyFileError(f"metrics token file {p} holds {len(token)} bytes; at least {MIN_TOKEN_BYTES} are needed")
+    if not all(0x21 <= b <= 0x7E for b in token):
+        raise KeyFileError(f"metrics token file {p} must hold printable ASCII without spaces (an HTTP header value)")
+    return token
 
 
 def generate_key_file(path: str | Path) -> None:
@@ -143,3 +171,40 @@ class RequestVerifier:
             return
         self._nonces = {n: t for n, t in self._nonces.items() if t >= now}
         self._next_prune = now + 1.0
+
+
+MetricsView = Literal["full", "reduced"]
+
+
+class MetricsAccess:
+    """Which view of ``/metrics`` a request gets, from its ``Authorization`` header (None when absent).
+
+    No credentials: ``anonymous`` decides ("reduced": the series without per-job labels, "none": 401, "all":
+    every series). ``Bearer <token>`` equal to the configured token: every series. Any other credentials, or
+    credentials while no token is configured, are refused (401): a scraper configured with a token must notice
+    that it is wrong instead of getting less data quietly. The comparison is in constant time (over SHA-256
+    digests, so not even the token's length shows)."""
+
+    def __init__(self, token: bytes | None = None, anonymous: str = "reduced") -> None:
+        if anonymous not in METRICS_ANONYMOUS:
+            raise ValueError(f"anonymous must be one of {', '.join(METRICS_ANONYMOUS)}, got {anonymous!r}")
+        self._digest = hashlib.sha256(token).digest() if token is not None else None
+        self.anonymous = anonymous
+
+    def view(self, authorization: str | None) -> MetricsView:
+        """Raises :class:`AuthError` (reasons: missing_credentials, malformed_credentials, no_token_configured,
+        bad_token)."""
+        if authorization is None:
+            if self.anonymous == "none":
+                raise AuthError("missing_credentials", "a bearer token is required")
+            return "full" if self.anonymous == "all" else "reduced"
+        scheme, _, credentials = authorization.strip().partition(" ")
+        credentials = credentials.strip()
+        if scheme.lower() != "bearer" or not credentials:
+            raise AuthError("malformed_credentials", "expected 'Authorization: Bearer <token>'")
+        if self._digest is None:
+            raise AuthError("no_token_configured", "no metrics token is configured here")
+        presented = hashlib.sha256(credentials.encode("utf-8", "replace")).digest()
+        if not hmac.compare_digest(presented, self._digest):
+            raise AuthError("bad_token", "wrong token")
+        return "full"

@@ -8,6 +8,8 @@ The file must say ``version = 1``; an unknown key, a wrong type or an out-of-ran
     port = 9817
     interval_s = 5.0
     key_file = "/etc/slurm-elastic/agent.key"
+    metrics_listen = "0.0.0.0"            # /metrics for a Prometheus on another host (default 127.0.0.1)
+    metrics_token_file = "/etc/slurm-elastic/metrics.token"
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic.agent.auth import METRICS_ANONYMOUS
 from slurm_elastic.errors import ConfigError
 
 CONFIG_VERSION = 1
 DEFAULT_PORT = 9817
+DEFAULT_METRICS_PORT = 9819
+#: Keys that existed once, with what replaced them (a clearer error than "unknown key").
+_REPLACED = {"metrics_auth": "metrics_token_file and metrics_anonymous (docs/agent.md, /metrics)"}
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,10 @@ class AgentConfig:
     proc_root: Path = Path("/proc")
     nvml_timeout_s: float = 10.0
     on_nvml_missing: str = "fail"
-    metrics_auth: bool = False
+    metrics_listen: str = "127.0.0.1"
+    metrics_port: int = DEFAULT_METRICS_PORT
+    metrics_token_file: Path | None = None
+    metrics_anonymous: str = "reduced"
     max_clock_skew_s: float = 30.0
     mig_apply: bool = True
     mig_minors_file: Path = Path("/proc/driver/nvidia-caps/mig-minors")
@@ -59,7 +68,7 @@ KEYS: dict[str, KeySpec] = {
     "node": KeySpec(str, "Slurm node name of this host (the map directory's subdirectory)",
                     lambda v: None if v and "/" not in v and not v.startswith(".") else "must be a plain node name"),
     "listen": KeySpec(str, "address to listen on", lambda v: None if v else "must not be empty"),
-    "port": KeySpec(int, "TCP port of the JSON and /metrics endpoints",
+    "port": KeySpec(int, "TCP port of the signed JSON endpoints (the controller's side)",
                     lambda v: None if 1 <= v <= 65535 else "must be within 1..65535"),
     "interval_s": KeySpec(float, "seconds between samples", lambda v: None if v >= 0.05 else "must be >= 0.05"),
     "window_s": KeySpec(float, "seconds of samples behind each job's mean/max utilization", _positive),
@@ -69,7 +78,16 @@ KEYS: dict[str, KeySpec] = {
     "nvml_timeout_s": KeySpec(float, "longest wait for one NVML sample before it is reported as timed out", _positive),
     "on_nvml_missing": KeySpec(str, "'fail': exit at start-up without NVML; 'degraded': run reporting no GPUs",
                                lambda v: None if v in ("fail", "degraded") else "must be 'fail' or 'degraded'"),
-    "metrics_auth": KeySpec(bool, "require signed requests on /metrics too (default: open)"),
+    "metrics_listen": KeySpec(str, "address of the /metrics listener; 127.0.0.1 keeps it on this host, "
+                                   "\"0.0.0.0\" lets a Prometheus on another host scrape",
+                              lambda v: None if v else "must not be empty"),
+    "metrics_port": KeySpec(int, "TCP port of /metrics (Prometheus); 0 disables it",
+                            lambda v: None if 0 <= v <= 65535 else "must be within 0..65535"),
+    "metrics_token_file": KeySpec(Path, "bearer token (mode 0600) that gets the per-job series (job, user, "
+                                        "account labels) from /metrics; unset: no token is accepted"),
+    "metrics_anonymous": KeySpec(str, "/metrics without a token: 'reduced' (series without job/user/account "
+                                      "labels), 'none' (401) or 'all' (every series)",
+                                 lambda v: None if v in METRICS_ANONYMOUS else "must be 'reduced', 'none' or 'all'"),
     "max_clock_skew_s": KeySpec(float, "largest accepted difference between a request's timestamp and our clock",
                                 _positive),
     "mig_apply": KeySpec(bool, "serve POST /v1/mig/apply (signed): let the controller repartition MIG GPUs"),
@@ -114,6 +132,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
     version = data.pop("version", None)
     if version != CONFIG_VERSION:
         raise ConfigError(f"config file {path}: needs 'version = {CONFIG_VERSION}' (got {version!r})")
+    replaced = sorted(set(data) & set(_REPLACED))
+    if replaced:
+        raise ConfigError(f"config file {path}: {replaced[0]} is gone; use {_REPLACED[replaced[0]]}")
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
         raise ConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(KEYS)}")
@@ -144,5 +165,6 @@ def describe() -> str:
             return str(value).lower()
         return str(value) if isinstance(value, int | float) else f'"{value}"'
 
-    defaults = {f.name: toml(f.default) for f in fields(AgentConfig) if f.default is not MISSING}
-    return "\n".join(f"{k} = {defaults.get(k, '<short hostname>')}: {spec.doc}" for k, spec in KEYS.items())
+    defaults = {f.name: toml(f.default) for f in fields(AgentConfig) if f.default not in (MISSING, None)}
+    return "\n".join(f"{k} = {defaults.get(k, '<short hostname>' if k == 'node' else '(unset)')}: {spec.doc}"
+                     for k, spec in KEYS.items())

@@ -5,6 +5,9 @@ agent metrics are ``slurm_elastic_*``. Every family is rebuilt from the latest r
 series of a finished job vanish with it (the same effect as resetting each vector per scrape, without a window
 where a scrape sees a half-filled vector). A device whose utilization is unknown gets no ``DCGM_FI_DEV_GPU_UTIL``
 sample at all, and one ``slurm_elastic_gpu_utilization_unavailable{reason=...}`` instead: never a fake 0.
+
+A collector built with ``per_job=False`` is the view for scrapers without the metrics token: the device series
+without their job, user and account labels, and no ``slurm_elastic_job_*`` families at all.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from slurm_elastic.agent.payload import GpuReport, NodeReport
 
 DEVICE_LABELS = ("node", "gpu", "uuid", "device", "model", "profile", "job", "user", "account")
+_PUBLIC_DEVICE_LABELS = DEVICE_LABELS[:6]  # without job, user, account
 JOB_LABELS = ("node", "job", "user", "account")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -36,21 +40,25 @@ def _s(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def _device_labels(node: str, g: GpuReport) -> list[str]:
-    return [node, str(g.index), _s(g.uuid), g.id, _s(g.name), _s(g.profile), _s(g.job_id), _s(g.user), _s(g.account)]
+def _device_labels(node: str, g: GpuReport, per_job: bool) -> list[str]:
+    labels = [node, str(g.index), _s(g.uuid), g.id, _s(g.name), _s(g.profile)]
+    return [*labels, _s(g.job_id), _s(g.user), _s(g.account)] if per_job else labels
 
 
 class ReportCollector(Collector):
-    def __init__(self, node: str, snapshot: Callable[[], tuple[NodeReport | None, AgentCounters]]) -> None:
+    def __init__(self, node: str, snapshot: Callable[[], tuple[NodeReport | None, AgentCounters]], *,
+                 per_job: bool = True) -> None:
         self.node = node
         self._snapshot = snapshot
+        self.per_job = per_job
 
     def collect(self) -> Iterable[Metric]:
         report, counters = self._snapshot()
         node = self.node
+        device_labels = DEVICE_LABELS if self.per_job else _PUBLIC_DEVICE_LABELS
 
         def dev(name: str, doc: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=DEVICE_LABELS)
+            return GaugeMetricFamily(name, doc, labels=device_labels)
 
         util = dev("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).")
         fb_used = dev("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).")
@@ -59,7 +67,7 @@ class ReportCollector(Collector):
         unavailable = GaugeMetricFamily(
             "slurm_elastic_gpu_utilization_unavailable",
             "1 for a device whose utilization is unknown, with the reason (e.g. mig_no_utilization).",
-            labels=(*DEVICE_LABELS, "reason"),
+            labels=(*device_labels, "reason"),
         )
         jl = {n: GaugeMetricFamily(f"slurm_elastic_job_{n}", doc, labels=JOB_LABELS) for n, doc in (
             ("gpus_allocated", "GPUs the job holds on this node."),
@@ -73,7 +81,7 @@ class ReportCollector(Collector):
         )}
         if report is not None:
             for g in report.gpus:
-                labels = _device_labels(node, g)
+                labels = _device_labels(node, g, self.per_job)
                 if g.utilization_percent is not None:
                     util.add_metric(labels, g.utilization_percent)
                 else:
@@ -84,7 +92,7 @@ class ReportCollector(Collector):
                         fb_free.add_metric(labels, g.memory_total_mib - g.memory_used_mib)
                 if g.error is None:
                     procs.add_metric(labels, len(g.processes))
-            for j in report.jobs:
+            for j in report.jobs if self.per_job else ():
                 labels = [node, str(j.job_id), _s(j.user), _s(j.account)]
                 jl["gpus_allocated"].add_metric(labels, j.gpus_allocated)
                 jl["gpus_in_use"].add_metric(labels, j.gpus_in_use)
@@ -96,7 +104,7 @@ class ReportCollector(Collector):
                 jl["gpu_memory_used_mib"].add_metric(labels, j.memory_used_mib)
                 jl["samples"].add_metric(labels, j.sample_count)
                 jl["last_sample_timestamp_seconds"].add_metric(labels, j.last_sample_at)
-        yield from (util, fb_used, fb_free, procs, unavailable, *jl.values())
+        yield from (util, fb_used, fb_free, procs, unavailable, *(jl.values() if self.per_job else ()))
 
         up = GaugeMetricFamily("slurm_elastic_agent_nvml_up", "1 when the latest NVML sample succeeded.",
                                labels=("node",))

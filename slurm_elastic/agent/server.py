@@ -1,5 +1,7 @@
-"""The agent's HTTP side (aiohttp): ``GET /v1/node`` (signed requests only), ``GET /metrics``, ``GET /healthz``,
-and with a :class:`~slurm_elastic.agent.mig_service.MigService`: ``GET /v1/mig`` and ``POST /v1/mig/apply`` (signed).
+"""The agent's HTTP side (aiohttp): ``GET /v1/node`` (signed requests only), ``GET /healthz``, and with a
+:class:`~slurm_elastic.agent.mig_service.MigService`: ``GET /v1/mig`` and ``POST /v1/mig/apply`` (signed), on the
+listener the controller reaches; ``GET /metrics`` on a listener of its own (``metrics_listen``, 127.0.0.1 unless
+opened), whose series with job/user/account labels need the metrics token (:class:`MetricsAccess`).
 
 Sampling runs in a worker thread on a fixed-rate schedule, so a slow or hung NVML never stalls serving: requests
 always get the latest complete sample, whose JSON is encoded once per sample.
@@ -17,7 +19,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from slurm_elastic.agent.auth import HEADER_SIGNATURE, SCHEME, RequestVerifier, sign_response
+from slurm_elastic.agent.auth import HEADER_SIGNATURE, SCHEME, MetricsAccess, RequestVerifier, sign_response
 from slurm_elastic.agent.errors import AuthError
 from slurm_elastic.agent.metrics import CONTENT_TYPE, ReportCollector, make_registry, render
 from slurm_elastic.agent.mig_service import MigService
@@ -37,23 +39,34 @@ def _json(status: int, obj: object, headers: dict[str, str] | None = None) -> we
 
 
 class AgentApp:
-    def __init__(self, sampler: Sampler, verifier: RequestVerifier, key: bytes, *, metrics_auth: bool = False,
-                 clock: Callable[[], float] = time.time, mig: MigService | None = None) -> None:
+    def __init__(self, sampler: Sampler, verifier: RequestVerifier, key: bytes, *,
+                 metrics_access: MetricsAccess | None = None, clock: Callable[[], float] = time.time,
+                 mig: MigService | None = None) -> None:
         self.sampler = sampler
         self.mig = mig
         self.verifier = verifier
         self._key = key
-        self.metrics_auth = metrics_auth
+        self.metrics_access = metrics_access or MetricsAccess()
         self._clock = clock
-        self.registry = make_registry(ReportCollector(sampler.node, sampler.snapshot))
+        self.registries = {
+            "full": make_registry(ReportCollector(sampler.node, sampler.snapshot)),
+            "reduced": make_registry(ReportCollector(sampler.node, sampler.snapshot, per_job=False)),
+        }
 
     def build(self) -> web.Application:
+        """The controller's side: signed JSON and the health check."""
         app = web.Application(client_max_size=64 * 1024)
         app.router.add_get(NODE_PATH, self.handle_node)
-        app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_get("/healthz", self.handle_health)
         app.router.add_get(wire.MIG_PATH, self.handle_mig)
         app.router.add_post(wire.APPLY_PATH, self.handle_mig_apply)
+        return app
+
+    def build_metrics(self) -> web.Application:
+        """Prometheus' side: ``/metrics`` and the health check."""
+        app = web.Application(client_max_size=4 * 1024)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/healthz", self.handle_health)
         return app
 
     async def _authenticate(self, request: web.Request) -> str | web.Response:
@@ -122,11 +135,13 @@ class AgentApp:
         return self._signed(200, wire.answer_to_obj(answer), nonce)
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        if self.metrics_auth:
-            nonce = await self._authenticate(request)
-            if isinstance(nonce, web.Response):
-                return nonce
-        body = await asyncio.to_thread(render, self.registry)
+        try:
+            view = self.metrics_access.view(request.headers.get("Authorization"))
+        except AuthError as exc:
+            log.info("401 for /metrics from %s: %s", request.remote, exc.reason)
+            return web.Response(status=401, text=f"unauthorized: {exc.reason}\n", headers={
+                "WWW-Authenticate": f'Bearer realm="slurm-elastic metrics", error="{exc.reason}"'})
+        body = await asyncio.to_thread(render, self.registries[view])
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def handle_health(self, request: web.Request) -> web.Response:
@@ -154,23 +169,49 @@ async def sample_forever(sampler: Sampler, stop: asyncio.Event) -> None:
             await asyncio.wait_for(stop.wait(), timeout=next_at - now)
 
 
+async def _listen(application: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """A started runner and the port it got (``port`` 0 picks a free one)."""
+    runner = web.AppRunner(application, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    bound = port
+    server = getattr(site, "_server", None)
+    if server is not None and getattr(server, "sockets", None):
+        bound = server.sockets[0].getsockname()[1]
+    return runner, bound
+
+
 async def serve(app: AgentApp, host: str, port: int, stop: asyncio.Event | None = None,
-                ready: Callable[[int], None] | None = None) -> None:
-    """Serves until ``stop`` is set or SIGTERM/SIGINT arrives. ``ready(port)`` is called once listening."""
+                ready: Callable[[int], None] | None = None, *,
+                metrics: tuple[str, int] | None = None) -> None:
+    """Serves until ``stop`` is set or SIGTERM/SIGINT arrives. ``ready(port)`` is called once listening.
+
+    ``metrics`` (address, port) adds the ``/metrics`` listener. Failing to bind it is logged and the agent runs
+    on without it: the controller's side matters more than telemetry (the controller does the same)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(app.build(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = port
-    server = getattr(site, "_server", None)
-    if server is not None and getattr(server, "sockets", None):
-        bound = server.sockets[0].getsockname()[1]
+    runner, bound = await _listen(app.build(), host, port)
+    runners = [runner]
     log.info("agent for node %s listening on %s:%d", app.sampler.node, host, bound)
+    if metrics is not None:
+        m_host, m_port = metrics
+        try:
+            m_runner, m_bound = await _listen(app.build_metrics(), m_host, m_port)
+        except OSError as exc:
+            log.error("metrics: cannot listen on %s:%d: %s; running without /metrics", m_host, m_port,
+                      exc.strerror or exc)
+        else:
+            runners.append(m_runner)
+            log.info("metrics on http://%s:%d/metrics (without a token: %s)", m_host, m_bound,
+                     app.metrics_access.anonymous)
     if ready:
         ready(bound)
     sampling = asyncio.create_task(sample_forever(app.sampler, stop))
@@ -178,4 +219,5 @@ async def serve(app: AgentApp, host: str, port: int, stop: asyncio.Event | None 
         await stop.wait()
     finally:
         await sampling
-        await runner.cleanup()
+        for r in runners:
+            await r.cleanup()

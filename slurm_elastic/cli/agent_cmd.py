@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from slurm_elastic.agent.auth import RequestVerifier, generate_key_file, load_key
+from slurm_elastic.agent.auth import MetricsAccess, RequestVerifier, generate_key_file, load_key, load_token
 from slurm_elastic.agent.config import AgentConfig, describe, load_config
 from slurm_elastic.agent.errors import NvmlUnavailableError
 from slurm_elastic.agent.mig_service import MigService, NvmlDevices, nvml_mig_service
@@ -102,7 +102,12 @@ def format_report(r: NodeReport) -> str:
 @click.option("--nvml-timeout", "nvml_timeout_s", type=float, help="Longest wait for one NVML sample, seconds.")
 @click.option("--on-nvml-missing", type=click.Choice(["fail", "degraded"]),
               help="Without NVML: exit (fail) or report no GPUs (degraded).")
-@click.option("--metrics-auth/--no-metrics-auth", default=None, help="Require signed requests on /metrics.")
+@click.option("--metrics-listen", help="Address of the /metrics listener (default 127.0.0.1: this host only).")
+@click.option("--metrics-port", type=int, help="TCP port of /metrics; 0 disables it.")
+@click.option("--metrics-token-file", type=click.Path(path_type=Path),
+              help="Bearer token (mode 0600) that gets the per-job series from /metrics.")
+@click.option("--metrics-anonymous", type=click.Choice(["reduced", "none", "all"]),
+              help="/metrics without a token: series without job/user/account labels, 401, or every series.")
 @click.option("--max-clock-skew", "max_clock_skew_s", type=float, help="Accepted request timestamp skew, seconds.")
 @click.option("--mig-apply/--no-mig-apply", default=None, help="Serve POST /v1/mig/apply (signed).")
 @click.option("--mps-dir", type=click.Path(path_type=Path), help="The prolog's MPS directory (SLURM_ELASTIC_MPS_DIR).")
@@ -110,12 +115,12 @@ def format_report(r: NodeReport) -> str:
 @click.option("--once", is_flag=True, help="Take one sample, print it and exit (no server, no key needed).")
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the JSON payload.")
 @click.option("--generate-key", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write a new random key file (mode 0600) and exit.")
+              help="Write a new random key (or metrics token) file (mode 0600) and exit.")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def agent_cmd(config_path: Path | None, once: bool, as_json: bool, generate_key: Path | None, verbose: int,
               **flags: Any) -> None:
     """Per-node GPU telemetry agent: samples NVML, maps GPUs and processes to Slurm jobs, and serves signed
-    JSON on /v1/node and Prometheus metrics on /metrics."""
+    JSON on /v1/node and Prometheus metrics on /metrics (own listener, 127.0.0.1 unless opened)."""
     logging.basicConfig(level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if generate_key is not None:
@@ -130,6 +135,7 @@ def agent_cmd(config_path: Path | None, once: bool, as_json: bool, generate_key:
     try:
         config = load_config(config_path, flags, socket.gethostname().split(".")[0])
         key = None if once else load_key(config.key_file)
+        token = None if once or config.metrics_token_file is None else load_token(config.metrics_token_file)
         sampler = build_sampler(config)
         sampler.start()
     except NvmlUnavailableError as exc:
@@ -144,10 +150,11 @@ def agent_cmd(config_path: Path | None, once: bool, as_json: bool, generate_key:
             click.echo(json.dumps(to_dict(report), indent=2) if as_json else format_report(report))
             return
         mig, mig_devices = _mig_service(config, sampler)
-        app = AgentApp(sampler, RequestVerifier(key, config.max_clock_skew_s), key, metrics_auth=config.metrics_auth,
-                       mig=mig)
+        app = AgentApp(sampler, RequestVerifier(key, config.max_clock_skew_s), key,
+                       metrics_access=MetricsAccess(token, config.metrics_anonymous), mig=mig)
+        metrics = (config.metrics_listen, config.metrics_port) if config.metrics_port else None
         try:
-            asyncio.run(serve(app, config.listen, config.port))
+            asyncio.run(serve(app, config.listen, config.port, metrics=metrics))
         except OSError as exc:
             _fail(f"cannot listen on {config.listen}:{config.port}: {exc.strerror or exc}")
         finally:

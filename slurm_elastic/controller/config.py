@@ -39,7 +39,9 @@ is ever evaluated as code. Example::
 
     [metrics]                  # Prometheus /metrics of the controller
     port = 9818                # 0 disables
-    address = "0.0.0.0"
+    address = "127.0.0.1"      # "0.0.0.0": a Prometheus on another host may scrape
+    token_file = ""            # bearer token (0600) that gets the per-job series (job ids, users); "" = none
+    anonymous = "reduced"      # without a token: "reduced" (no per-job series), "none" (401), "all"
 
     [retention]                # days to keep; 0 keeps forever (open journal actions are always kept)
     samples_days = 7
@@ -60,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic.agent.auth import METRICS_ANONYMOUS
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.store.models import PREFIX_RE
 from slurm_elastic.store.records import Retention
@@ -94,7 +97,9 @@ class ApiConfig:
 @dataclass(frozen=True)
 class MetricsConfig:
     port: int = 9818
-    address: str = "0.0.0.0"  # noqa: S104 - scraped by Prometheus from another host
+    address: str = "127.0.0.1"  # this host only unless opened (docs/deployment.md, "Prometheus and Grafana")
+    token_file: Path | None = None
+    anonymous: str = "reduced"  # one of agent.auth.METRICS_ANONYMOUS
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,8 @@ _API_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]]
 _METRICS_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
     "port": (int, (0, 65535)),
     "address": (str, None),
+    "token_file": (str, None),
+    "anonymous": (str, None),
 }
 _AGENT_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
     "key_file": (str, None),
@@ -220,6 +227,10 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
                         f"and below lease_ttl_s ({ttl:g}), or 0 for 3 x interval_s")
     api = _check(data.get("api", {}), _API_KEYS, "api", problems)
     metrics = _check(data.get("metrics", {}), _METRICS_KEYS, "metrics", problems)
+    if metrics.get("anonymous", MetricsConfig.anonymous) not in METRICS_ANONYMOUS:
+        problems.append(f"metrics.anonymous: one of {', '.join(METRICS_ANONYMOUS)} (got {metrics['anonymous']!r})")
+    if "address" in metrics and not metrics["address"]:
+        problems.append("metrics.address: must not be empty (127.0.0.1: this host only)")
     if "socket" in api and api["socket"] and not api["socket"].startswith("/"):
         problems.append("api.socket: must be an absolute path (or \"\" to disable the API)")
     defaults = Retention()
@@ -286,7 +297,9 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
             users_see_all=bool(api.get("users_see_all", False)),
         ),
         metrics=MetricsConfig(port=int(metrics.get("port", MetricsConfig.port)),
-                              address=str(metrics.get("address", MetricsConfig.address))),
+                              address=str(metrics.get("address", MetricsConfig.address)),
+                              token_file=Path(metrics["token_file"]) if metrics.get("token_file") else None,
+                              anonymous=str(metrics.get("anonymous", MetricsConfig.anonymous))),
         source=source,
     )
 

@@ -1,18 +1,29 @@
 """The controller's Prometheus metrics, on their own registry (tests build their own; nothing global).
 
-Served over HTTP on ``[metrics] port`` of controller.toml (0 disables). Counters only grow while the process
-lives; gauges describe the latest cycle. Per-job series are reset every cycle, so ended jobs vanish."""
+Served over HTTP on ``[metrics] address:port`` of controller.toml (127.0.0.1:9818 by default; port 0 disables).
+Counters only grow while the process lives; gauges describe the latest cycle. Per-job series are reset every
+cycle, so ended jobs vanish. They carry job ids and user names, so they live on a registry of their own and only
+a scraper with the metrics token sees them (:class:`~slurm_elastic.agent.auth.MetricsAccess`); ``public_registry``
+is what a scraper without it gets."""
 
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.core import Metric
+from prometheus_client.exposition import ThreadingWSGIServer
+from prometheus_client.registry import Collector
 
+from slurm_elastic.agent.auth import MetricsAccess
+from slurm_elastic.agent.errors import AuthError
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.records import AgentRecord
 
@@ -24,10 +35,23 @@ log = logging.getLogger(__name__)
 PREFIX = "slurm_elastic_controller"
 
 
+class _Union(Collector):
+    def __init__(self, *registries: CollectorRegistry) -> None:
+        self._registries = registries
+
+    def collect(self) -> Iterable[Metric]:
+        for registry in self._registries:
+            yield from registry.collect()
+
+
 class ControllerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
+    """``registry``: every series; ``public_registry``: those without job ids and user names."""
+
+    def __init__(self) -> None:
+        self.public_registry = r = CollectorRegistry()
+        self._per_job_registry = CollectorRegistry()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Union(self.public_registry, self._per_job_registry))
         self.cycle_duration = Histogram(f"{PREFIX}_cycle_duration_seconds", "Duration of one controller cycle.",
                                         buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=r)
         self.cycles = Counter(f"{PREFIX}_cycles", "Cycles run, by result (ok, skipped, error).", ["result"],
@@ -51,10 +75,10 @@ class ControllerMetrics:
         self.lease_epoch = Gauge(f"{PREFIX}_lease_epoch", "Fencing epoch of the lease this controller holds.",
                                  registry=r)
         self.job_nodes = Gauge("slurm_elastic_job_nodes", "Nodes of an elastic unit (leader and extensions).",
-                               ["jobid", "user", "partition"], registry=r)
+                               ["jobid", "user", "partition"], registry=self._per_job_registry)
         self.job_util = Gauge("slurm_elastic_job_utilization_percent",
                               "Window mean GPU utilization of an elastic unit, as the policy saw it.",
-                              ["jobid", "user", "partition"], registry=r)
+                              ["jobid", "user", "partition"], registry=self._per_job_registry)
         self.pending_wait = Gauge("slurm_elastic_pending_wait_seconds",
                                   "Longest wait of a pending job, by partition.", ["partition"], registry=r)
         self.pending_jobs = Gauge("slurm_elastic_pending_jobs", "Pending jobs, by partition.", ["partition"],
@@ -100,6 +124,42 @@ class ControllerMetrics:
         for partition, w in waits.items():
             self.pending_jobs.labels(partition).set(len(w))
             self.pending_wait.labels(partition).set(max(w) if w else 0.0)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Scrapes are not logged (a 401 is, by the app)."""
+
+
+def metrics_app(metrics: ControllerMetrics, access: MetricsAccess) -> Callable[..., Iterable[bytes]]:
+    """The WSGI app of ``/metrics``: prometheus_client's own app over the view the credentials allow."""
+    views = {"full": make_wsgi_app(metrics.registry), "reduced": make_wsgi_app(metrics.public_registry)}
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        try:
+            view = access.view(environ.get("HTTP_AUTHORIZATION"))
+        except AuthError as e:
+            log.info("metrics: 401 for %s: %s", environ.get("REMOTE_ADDR"), e.reason)
+            start_response("401 Unauthorized", [
+                ("Content-Type", "text/plain; charset=utf-8"),
+                ("WWW-Authenticate", f'Bearer realm="slurm-elastic metrics", error="{e.reason}"')])
+            return [f"unauthorized: {e.reason}\n".encode()]
+        return views[view](environ, start_response)  # type: ignore[no-any-return]
+
+    return app
+
+
+def serve_metrics(metrics: ControllerMetrics, access: MetricsAccess, address: str, port: int) -> WSGIServer:
+    """Serves ``/metrics`` from a daemon thread (prometheus_client's threading WSGI server, as its own
+    ``start_http_server``, with the credential check in front). Raises OSError when it cannot listen."""
+    family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    httpd = make_server(address, port, metrics_app(metrics, access), Server, handler_class=_QuietHandler)
+    threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
+    return httpd
 
 
 def observe_cycle(ctl: Controller, run: Callable[[], CycleSummary], started: datetime) -> CycleSummary:

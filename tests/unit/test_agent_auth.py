@@ -147,8 +147,8 @@ def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(coro_fn())  # type: ignore[arg-type]
 
 
-def agent(r: NodeReport | None = None, *, metrics_auth: bool = False, key: bytes = KEY) -> TestServer:
-    app = AgentApp(StubSampler(r or report()), RequestVerifier(key), key, metrics_auth=metrics_auth)  # type: ignore[arg-type]
+def agent(r: NodeReport | None = None, *, key: bytes = KEY) -> TestServer:
+    app = AgentApp(StubSampler(r or report()), RequestVerifier(key), key)  # type: ignore[arg-type]
     return TestServer(app.build(), host="127.0.0.1")
 
 
@@ -233,22 +233,6 @@ def test_client_errors_are_typed_and_the_fan_out_never_raises() -> None:
             assert isinstance(results[name], cls), (name, results[name])
             assert isinstance(results[name], AgentClientError)
             assert urls[name].rstrip("/") in str(results[name])
-
-    run(main)
-
-
-def test_metrics_open_by_default_and_signed_when_configured() -> None:
-    async def main() -> None:
-        async with aiohttp.ClientSession() as s:
-            async with agent() as server, s.get(server.make_url("/metrics")) as resp:
-                assert resp.status == 200
-                assert "slurm_elastic_agent_samples_total" in await resp.text()
-            async with agent(metrics_auth=True) as server:
-                async with s.get(server.make_url("/metrics")) as resp:
-                    assert resp.status == 401
-                headers = sign_request(KEY, "GET", "/metrics", b"", now=time.time())
-                async with s.get(server.make_url("/metrics"), headers=headers) as resp:
-                    assert resp.status == 200
 
     run(main)
 

@@ -31,6 +31,9 @@ def test_example_configs_parse_with_the_real_loaders() -> None:
     assert policy.resolve("grace_s", partition="gpu").value == 300
     agent = load_config(ETC / "agent.toml", {}, "gpu017")
     assert agent.node == "gpu017" and agent.key_file == Path("/etc/slurm-elastic/agent.key")
+    # Telemetry stays on the host, and without job/user/account labels, until the site opens it.
+    assert (ctl.metrics.address, ctl.metrics.anonymous) == ("127.0.0.1", "reduced")
+    assert (agent.metrics_listen, agent.metrics_anonymous) == ("127.0.0.1", "reduced")
 
 
 def test_example_configs_are_commented() -> None:
