@@ -18,14 +18,15 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from wsgiref.simple_server import WSGIServer
 
-from slurm_elastic.agent.auth import load_key
+from slurm_elastic.agent.auth import MetricsAccess, load_key, load_token
 from slurm_elastic.api.server import ApiServer
 from slurm_elastic.controller.actuator import Actuator, FaultHook
 from slurm_elastic.controller.collect import CollectResult, collect_sync
 from slurm_elastic.controller.config import ControllerConfig, load_controller_config
 from slurm_elastic.controller.cycle import Controller
-from slurm_elastic.controller.metrics import ControllerMetrics, observe_cycle
+from slurm_elastic.controller.metrics import ControllerMetrics, observe_cycle, serve_metrics
 from slurm_elastic.errors import ConfigError, SlurmElasticError
 from slurm_elastic.policy import PolicyConfig, default_config, parse_config
 from slurm_elastic.slurm.adapter import SlurmCli
@@ -151,18 +152,22 @@ def build_controller(cfg: ControllerConfig) -> Controller:
                       metrics=ControllerMetrics())
 
 
-def start_metrics(cfg: ControllerConfig, metrics: ControllerMetrics | None) -> None:
-    from prometheus_client import start_http_server
-
+def start_metrics(cfg: ControllerConfig, metrics: ControllerMetrics | None) -> WSGIServer | None:
+    """Serves /metrics. A bad token file stops start-up (a configuration error); a port that cannot be bound
+    does not."""
     if metrics is None or cfg.metrics.port == 0:
-        return
+        return None
+    token = load_token(cfg.metrics.token_file) if cfg.metrics.token_file is not None else None
+    access = MetricsAccess(token, cfg.metrics.anonymous)
     try:
-        start_http_server(cfg.metrics.port, addr=cfg.metrics.address, registry=metrics.registry)
+        server = serve_metrics(metrics, access, cfg.metrics.address, cfg.metrics.port)
     except OSError as e:  # observability must not stop the control loop: say so loudly and go on
         log.error("metrics: cannot listen on %s:%d: %s; running without /metrics", cfg.metrics.address,
-                  cfg.metrics.port, e.strerror)
-        return
-    log.info("metrics on http://%s:%d/metrics", cfg.metrics.address, cfg.metrics.port)
+                  cfg.metrics.port, e.strerror or e)
+        return None
+    log.info("metrics on http://%s:%d/metrics (without a token: %s)", cfg.metrics.address, cfg.metrics.port,
+             access.anonymous)
+    return server
 
 
 def _fault_hook_from_env() -> FaultHook:
@@ -193,8 +198,8 @@ def run(config_path: Path, *, once: bool = False, dry_run: bool | None = None) -
         ctl.reconcile()
         summary = ctl.run_cycle()
         return 1 if summary.error else 0
+    start_metrics(cfg, ctl.metrics)  # first: a bad token file stops start-up before the API socket exists
     api = start_api(cfg)
-    start_metrics(cfg, ctl.metrics)
     started = datetime.now(tz=UTC)
     ctl.reconcile()
     sched = BlockingScheduler(executors={"default": ThreadPoolExecutor(1)}, timezone="UTC")
