@@ -2,8 +2,10 @@
 """A compact DLRM-style model for elastic data-parallel training under torchrun.
 
 Sparse features go through EmbeddingBag tables, dense features through a bottom MLP; their pairwise dot-product
-interactions feed a top MLP (the DLRM structure). Contract as in train_elastic.py: checkpoint on SIGUSR1, resume
-on every (re)start, log ``rendezvous world_size=N``.
+interactions feed a top MLP (the DLRM structure). Same contract as train_elastic.py (README.md): the ranks agree
+at each step boundary whether a resize is coming, rank 0 checkpoints (model, Adagrad state, step) and
+acknowledges, all hold until the restart; every (re)start resumes from the checkpoint; rank 0 logs
+``rendezvous world_size=N``, ``step=N loss=X world=W`` and ``resumed step=N``.
 """
 
 from __future__ import annotations
@@ -18,32 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-GRACE = {"requested": False}  # set by the signal handler, read by the training loop
+from slurm_elastic import resize
+from slurm_elastic.goodput import nodes_from_env, publish
 
-
-try:  # the helper needs only the standard library; without the package on PYTHONPATH, the same line is written here
-    from slurm_elastic.goodput import nodes_from_env, publish
-except ImportError:
-    import json
-
-    def nodes_from_env() -> int | None:
-        world, local = int(os.environ.get("WORLD_SIZE", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
-        return world // local if world > 0 and local > 0 and world % local == 0 else None
-
-    def publish(samples_per_s: float, *, nodes: int | None = None) -> bool:  # docs/goodput.md
-        path = os.environ.get("SLURM_ELASTIC_GOODPUT_FILE")
-        if not path or not 0 < samples_per_s < float("inf"):
-            return False
-        line = {"time": round(time.time(), 3), "samples_per_s": samples_per_s, **({"nodes": nodes} if nodes else {})}
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "a") as f:
-                f.write(json.dumps(line) + "\n")
-        except OSError:
-            return False
-        return True
-
-
+GRACE = {"requested": False}  # set by the signal handler, read at the next step boundary
 REPORT_EVERY = 20  # steps between two throughput reports (rank 0 only)
 
 
@@ -51,9 +31,50 @@ def _on_grace(signum: int, frame: object) -> None:
     GRACE["requested"] = True
 
 
+def save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+    tmp.replace(path)  # atomic: a restart never reads half a checkpoint
+
+
+def load(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    if not path.exists():
+        return 0
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["model"])
+    if "optimizer" in state:
+        opt.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def agree(done: bool) -> bool:
+    """All ranks leave the hold together; a peer whose node was taken makes this fail (restart)."""
+    flag = torch.tensor([1.0 if done else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
+
+
+def before_resize(step: int, rank: int, checkpoint: Path, model: torch.nn.Module,
+                  opt: torch.optim.Optimizer) -> None:
+    """Checkpoint (rank 0), acknowledge the notice, hold until the resize restarts the group."""
+    if rank == 0:
+        save(checkpoint, model, opt, step)
+    notice = resize.read_notice()
+    box = [notice.id if notice is not None and rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)  # every rank holds for the same notice, or none does
+    if rank == 0:
+        acked = notice is not None and resize.acknowledge(step)
+        print(f"checkpoint saved at step {step} (resize){'; notice acknowledged' if acked else ''}", flush=True)
+    GRACE["requested"] = False
+    if box[0] is not None:
+        resize.hold(box[0], agree=agree)
+
+
 class DLRM(nn.Module):
     def __init__(self, tables: int = 8, rows: int = 100_000, dim: int = 16, dense: int = 13) -> None:
         super().__init__()
+        self.rows = rows
         self.emb = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
         self.bottom = nn.Sequential(nn.Linear(dense, 64), nn.ReLU(), nn.Linear(64, dim))
         n = tables + 1
@@ -71,42 +92,51 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=100_000)
+    ap.add_argument("--step-seconds", type=float, default=0.0)
+    ap.add_argument("--tables", type=int, default=8)
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--checkpoint-every", type=int, default=200)
     args = ap.parse_args()
     signal.signal(signal.SIGUSR1, _on_grace)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rendezvous world_size={world} rank={rank}", flush=True)
-    model = DLRM()
+    print(f"rendezvous world_size={world} rank={rank} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')}",
+          flush=True)
+    torch.manual_seed(0)
+    model = DLRM(tables=args.tables, rows=args.rows)
     opt = torch.optim.Adagrad(model.parameters(), lr=0.01)
-    step = 0
-    if args.checkpoint.exists():
-        state = torch.load(args.checkpoint, weights_only=True)
-        model.load_state_dict(state["model"])
-        step = int(state["step"])
+    step = load(args.checkpoint, model, opt)
+    if rank == 0:
+        print(f"resumed step={step} world={world}", flush=True)
     mark_step, mark_time = step, time.monotonic()
     while step < args.steps:
-        dense = torch.randn(128, 13)
-        sparse = [torch.randint(0, 100_000, (128, 4)) for _ in model.emb]
-        loss = nn.functional.binary_cross_entropy_with_logits(model(dense, sparse).squeeze(1),
-                                                              torch.randint(0, 2, (128,)).float())
+        dense = torch.randn(args.batch, 13)
+        sparse = [torch.randint(0, args.rows, (args.batch, 4)) for _ in model.emb]
+        label = (dense[:, 0] > 0).float()
+        loss = nn.functional.binary_cross_entropy_with_logits(model(dense, sparse).squeeze(1), label)
         opt.zero_grad()
         loss.backward()
-        for p in model.parameters():
+        for p in model.parameters():  # data-parallel: average gradients over the current world
             if p.grad is not None:
                 dist.all_reduce(p.grad)
                 p.grad /= world
         opt.step()
         step += 1
+        # One collective for the log and the resize agreement: [loss sum, ranks that saw a signal or a notice]
+        stats = torch.tensor([loss.item(), 1.0 if GRACE["requested"] or resize.resize_pending() else 0.0])
+        dist.all_reduce(stats)
+        if rank == 0:
+            print(f"step={step} loss={stats[0].item() / world:.4f} world={world}", flush=True)
         if rank == 0 and step - mark_step >= REPORT_EVERY:  # goodput: samples/s of the whole job (docs/goodput.md)
             now = time.monotonic()
-            publish(samples_per_s=(step - mark_step) * 128 * world / (now - mark_time), nodes=nodes_from_env())
+            publish(samples_per_s=(step - mark_step) * args.batch * world / (now - mark_time), nodes=nodes_from_env())
             mark_step, mark_time = step, now
-        if rank == 0 and (GRACE["requested"] or step % 200 == 0):
-            args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            tmp = args.checkpoint.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "step": step}, tmp)
-            tmp.replace(args.checkpoint)
-            GRACE["requested"] = False
+        if stats[1].item() > 0:
+            before_resize(step, rank, args.checkpoint, model, opt)
+        elif rank == 0 and step % args.checkpoint_every == 0:
+            save(args.checkpoint, model, opt, step)
+        time.sleep(args.step_seconds)
     dist.destroy_process_group()
 
 

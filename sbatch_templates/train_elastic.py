@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """A small elastic data-parallel training loop for torchrun (CPU/gloo or GPU/nccl).
 
-Contract with slurm-elastic: on SIGUSR1 (the grace signal) save a checkpoint at the next step boundary; on every
-(re)start resume from the checkpoint. Each rendezvous logs ``rendezvous world_size=N`` so the membership can be
-seen in the job's output.
+Contract with slurm-elastic (README.md): at every step boundary the ranks agree whether a resize is coming (the
+grace signal, which the launcher forwards, or the notice of :mod:`slurm_elastic.resize`); if so rank 0 saves a
+checkpoint (model, optimizer, step) and acknowledges it, and all ranks hold until the resize restarts them. On
+every (re)start training resumes from the checkpoint. Rank 0 logs ``rendezvous world_size=N``, each step as
+``step=N loss=X world=W`` and each resume as ``resumed step=N``, so the output shows what a resize cost.
 """
 
 from __future__ import annotations
@@ -17,32 +19,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-GRACE = {"requested": False}  # set by the signal handler, read by the training loop
+from slurm_elastic import resize
+from slurm_elastic.goodput import nodes_from_env, publish
 
-
-try:  # the helper needs only the standard library; without the package on PYTHONPATH, the same line is written here
-    from slurm_elastic.goodput import nodes_from_env, publish
-except ImportError:
-    import json
-
-    def nodes_from_env() -> int | None:
-        world, local = int(os.environ.get("WORLD_SIZE", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
-        return world // local if world > 0 and local > 0 and world % local == 0 else None
-
-    def publish(samples_per_s: float, *, nodes: int | None = None) -> bool:  # docs/goodput.md
-        path = os.environ.get("SLURM_ELASTIC_GOODPUT_FILE")
-        if not path or not 0 < samples_per_s < float("inf"):
-            return False
-        line = {"time": round(time.time(), 3), "samples_per_s": samples_per_s, **({"nodes": nodes} if nodes else {})}
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "a") as f:
-                f.write(json.dumps(line) + "\n")
-        except OSError:
-            return False
-        return True
-
-
+GRACE = {"requested": False}  # set by the signal handler, read at the next step boundary
 REPORT_EVERY = 20  # steps between two throughput reports (rank 0 only)
 
 
@@ -50,29 +30,68 @@ def _on_grace(signum: int, frame: object) -> None:
     GRACE["requested"] = True
 
 
+def save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+    tmp.replace(path)  # atomic: a restart never reads half a checkpoint
+
+
+def load(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    if not path.exists():
+        return 0
+    state = torch.load(path, weights_only=True)
+    model.load_state_dict(state["model"])
+    if "optimizer" in state:
+        opt.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def agree(done: bool) -> bool:
+    """All ranks leave the hold together; a peer whose node was taken makes this fail (restart)."""
+    flag = torch.tensor([1.0 if done else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
+
+
+def before_resize(step: int, rank: int, checkpoint: Path, model: torch.nn.Module,
+                  opt: torch.optim.Optimizer) -> None:
+    """Checkpoint (rank 0), acknowledge the notice, hold until the resize restarts the group."""
+    if rank == 0:
+        save(checkpoint, model, opt, step)
+    notice = resize.read_notice()
+    box = [notice.id if notice is not None and rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)  # every rank holds for the same notice, or none does
+    if rank == 0:
+        acked = notice is not None and resize.acknowledge(step)
+        print(f"checkpoint saved at step {step} (resize){'; notice acknowledged' if acked else ''}", flush=True)
+    GRACE["requested"] = False
+    if box[0] is not None:
+        resize.hold(box[0], agree=agree)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=100_000)
     ap.add_argument("--step-seconds", type=float, default=0.5)
+    ap.add_argument("--checkpoint-every", type=int, default=100)
     args = ap.parse_args()
     signal.signal(signal.SIGUSR1, _on_grace)
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rendezvous world_size={world} rank={rank} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')}",
           flush=True)
+    torch.manual_seed(0)
     model = torch.nn.Linear(64, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    step = 0
-    if args.checkpoint.exists():
-        state = torch.load(args.checkpoint, weights_only=True)
-        model.load_state_dict(state["model"])
-        step = int(state["step"])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    step = load(args.checkpoint, model, opt)
+    if rank == 0:
+        print(f"resumed step={step} world={world}", flush=True)
     mark_step, mark_time = step, time.monotonic()
     while step < args.steps:
         x = torch.randn(32, 64)
-        loss = model(x).pow(2).mean()
+        loss = (model(x) - x.sum(dim=1, keepdim=True)).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         for p in model.parameters():  # data-parallel: average gradients over the current world
@@ -81,18 +100,19 @@ def main() -> None:
             p.grad /= world
         opt.step()
         step += 1
+        # One collective for the log and the resize agreement: [loss sum, ranks that saw a signal or a notice]
+        stats = torch.tensor([loss.item(), 1.0 if GRACE["requested"] or resize.resize_pending() else 0.0])
+        dist.all_reduce(stats)
+        if rank == 0:
+            print(f"step={step} loss={stats[0].item() / world:.4f} world={world}", flush=True)
         if rank == 0 and step - mark_step >= REPORT_EVERY:  # goodput: samples/s of the whole job (docs/goodput.md)
             now = time.monotonic()
             publish(samples_per_s=(step - mark_step) * 32 * world / (now - mark_time), nodes=nodes_from_env())
             mark_step, mark_time = step, now
-        if rank == 0 and (GRACE["requested"] or step % 100 == 0):
-            args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            tmp = args.checkpoint.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "step": step}, tmp)
-            tmp.replace(args.checkpoint)
-            if GRACE["requested"]:
-                print(f"checkpoint saved at step {step} (grace signal)", flush=True)
-            GRACE["requested"] = False
+        if stats[1].item() > 0:
+            before_resize(step, rank, args.checkpoint, model, opt)
+        elif rank == 0 and step % args.checkpoint_every == 0:
+            save(args.checkpoint, model, opt, step)
         time.sleep(args.step_seconds)
     dist.destroy_process_group()
 

@@ -1,0 +1,163 @@
+"""The launcher an elastic template runs as each node's task: it makes the resize notice reach the workers.
+
+``scancel --signal=USR1 --full`` reaches only a step's task processes (proctrack/cgroup signals tasks, not their
+children), so a torchrun agent, or any program started by a wrapper, never passes the grace signal on. This
+launcher is the task and does:
+
+* **Forward the grace signal** (``--signal``, default USR1) to its child processes: torchrun's workers, or the
+  program given with ``--exec``; the launcher itself survives it.
+* **Turn a resize notice into the same signal**: a new notice (slurm_elastic/resize.py) that the job has not
+  acknowledged yet is forwarded as the signal too, so a program that only knows signals checkpoints before a
+  grow as well.
+* **Gate an extension's join** (``SLURM_ELASTIC_ROLE=extension``): before its workers start, wait until the
+  running workers acknowledged their checkpoint (:func:`slurm_elastic.resize.gate_join`), at most
+  ``SLURM_ELASTIC_NOTICE_GRACE`` seconds (the controller's ``[extension] notice_grace_s``).
+* **Pin the rendezvous store** (torchrun mode): only the agent on the leader's batch host
+  (``SLURM_ELASTIC_RDZV_HOST_NODE``, set by the batch script) hosts the c10d store (``is_host=true``); every
+  other agent is a client, even where all nodes share one hostname.
+
+Usage (one task per node): ``srun python3 -m slurm_elastic.launch torchrun <torchrun arguments>`` or
+``srun python3 -m slurm_elastic.launch exec <program> [args]``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+from slurm_elastic import resize
+
+NOTICE_POLL_S = 0.5
+
+
+def child_pids(parent: int | None = None) -> list[int]:
+    """Direct children of ``parent`` (this process by default), from /proc."""
+    me = os.getpid() if parent is None else parent
+    out: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # after "(comm)": state, ppid, ...
+        if len(fields) > 1 and fields[1] == str(me):
+            out.append(int(name))
+    return out
+
+
+def forward(signum: int) -> list[int]:
+    """Send ``signum`` to every child; returns the pids reached."""
+    reached = []
+    for pid in child_pids():
+        try:
+            os.kill(pid, signum)
+            reached.append(pid)
+        except OSError:
+            pass
+    return reached
+
+
+def _log(text: str) -> None:
+    print(f"slurm-elastic launch[{os.environ.get('SLURMD_NODENAME', '?')}]: {text}", file=sys.stderr, flush=True)
+
+
+def install_forwarding(signum: int) -> None:
+    def handler(sig: int, frame: object) -> None:
+        _log(f"signal {signal.Signals(sig).name} forwarded to {len(forward(sig))} worker(s)")
+
+    signal.signal(signum, handler)
+
+
+def watch_notices(signum: int, path: str | None, stop: threading.Event) -> threading.Thread:
+    """Forward each new, unacknowledged notice as ``signum`` (once per notice id)."""
+    def run() -> None:
+        seen: set[str] = set()
+        first = resize.notice(path)
+        if first is not None:  # already there when this launcher started: the workers read it themselves
+            seen.add(first.id)
+        while not stop.wait(NOTICE_POLL_S):
+            n = resize.notice(path)
+            if n is not None and n.id not in seen:
+                seen.add(n.id)
+                _log(f"{n.kind} notice {n.id}: signal {signal.Signals(signum).name} to "
+                     f"{len(forward(signum))} worker(s)")
+
+    t = threading.Thread(target=run, name="resize-notices", daemon=True)
+    t.start()
+    return t
+
+
+def rdzv_args(args: Sequence[str], env: dict[str, str] | os._Environ[str]) -> list[str]:
+    """torchrun arguments with ``is_host`` added to ``--rdzv-conf``: true only on the leader's batch host."""
+    host_node = env.get("SLURM_ELASTIC_RDZV_HOST_NODE")
+    if not host_node:
+        return list(args)
+    is_host = env.get("SLURM_ELASTIC_ROLE", "leader") != "extension" and env.get("SLURMD_NODENAME") == host_node
+    value = f"is_host={'true' if is_host else 'false'}"
+    out, done = [], False
+    for i, a in enumerate(args):
+        if a.startswith("--rdzv-conf=") or a.startswith("--rdzv_conf="):
+            out.append(f"{a},{value}" if a.split("=", 1)[1] else f"{a}{value}")
+            done = True
+        elif a in ("--rdzv-conf", "--rdzv_conf") and i + 1 < len(args):
+            out.append(a)
+        elif i > 0 and args[i - 1] in ("--rdzv-conf", "--rdzv_conf"):
+            out.append(f"{a},{value}" if a else value)
+            done = True
+        else:
+            out.append(a)
+    return out if done else [f"--rdzv-conf={value}", *out]
+
+
+def gate() -> None:
+    if os.environ.get("SLURM_ELASTIC_ROLE") != "extension":
+        return
+    try:
+        grace = float(os.environ.get("SLURM_ELASTIC_NOTICE_GRACE", "30"))
+    except ValueError:
+        grace = 30.0
+    resize.gate_join(grace, log=_log)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    signum = signal.SIGUSR1
+    if len(args) >= 2 and args[0] == "--signal":
+        signum = signal.Signals["SIG" + args[1].upper().removeprefix("SIG")]
+        args = args[2:]
+    if not args or args[0] not in ("torchrun", "exec") or (args[0] == "exec" and len(args) < 2):
+        print("usage: python -m slurm_elastic.launch [--signal USR1] torchrun ARGS... | exec PROGRAM [ARGS...]",
+              file=sys.stderr)
+        return 2
+    mode, rest = args[0], args[1:]
+    install_forwarding(signum)
+    gate()
+    stop = threading.Event()
+    watch_notices(signum, None, stop)
+    if mode == "exec":
+        proc = subprocess.Popen(rest)
+        while True:
+            try:
+                return proc.wait()
+            except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
+                continue
+    torchrun = importlib.import_module("torch.distributed.run")  # only in this mode: torch is the job's own
+    sys.argv = ["torchrun", *rdzv_args(rest, os.environ)]
+    torchrun.main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
