@@ -23,6 +23,7 @@ from slurm_elastic.api.authz import Caller, PermissionDeniedError, UnknownOperat
 from slurm_elastic.api.identity import caller_for_uid
 from slurm_elastic.api.service import NotFoundError, RequestError, Service
 from slurm_elastic.errors import ConfigError, SlurmElasticError
+from slurm_elastic.store.errors import StoreUnavailableError
 
 log = logging.getLogger(__name__)
 MAX_REQUEST = 1 << 20
@@ -55,6 +56,14 @@ def answer(service: Service, caller: Caller, raw: bytes) -> dict[str, Any]:
         return {"ok": True, "result": result}
     except json.JSONDecodeError:
         return {"ok": False, "kind": "request", "error": "request is not JSON"}
+    except StoreUnavailableError as e:
+        if caller.is_admin(service.settings.access):
+            return {"ok": False, "kind": "unavailable", "error": str(e)}
+        log.warning("API: %s (uid %d) got no answer: %s", caller.user, caller.uid, e)  # the details, for admins
+        return {"ok": False, "kind": "unavailable",
+                "error": f"the controller cannot use its state DB right now ({e.reason}, while trying to "
+                         f"{e.operation}); nothing for {caller.user} to fix: it retries by itself, and its "
+                         "administrators find the details in its log"}
     except SlurmElasticError as e:
         return {"ok": False, "kind": error_kind(e), "error": str(e)}
 

@@ -34,7 +34,12 @@ def call(url: str | None, socket_: str | None, op: str, args: dict[str, Any] | N
             return _direct(url, op, args or {})
         return request(socket_path(socket_), op, args or {})
     except SlurmElasticError as e:  # ApiError included
-        raise click.ClickException(one_line(str(e))) from e
+        message = str(e)
+        if url:  # a DB that is not theirs to open: say so, rather than "make the directory writable"
+            from slurm_elastic.cli.db_access import explain_denied
+
+            message = explain_denied(url, e) or message
+        raise click.ClickException(one_line(message)) from e
 
 
 def one_line(message: str) -> str:
