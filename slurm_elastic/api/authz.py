@@ -11,7 +11,7 @@ from slurm_elastic.errors import SlurmElasticError
 CHANGING_OPS = frozenset({"policy.set", "policy.rollback", "pause", "resume"})
 #: Operations anyone may call; per-job filtering happens in the service.
 READ_OPS = frozenset({"status", "jobs", "explain", "decisions", "policy.show", "policy.history", "policy.diff",
-                      "agents", "whoami"})
+                      "agents", "whoami", "usage"})
 
 
 class PermissionDeniedError(SlurmElasticError):

@@ -174,6 +174,27 @@ class Service:
                 "paused_by": None if pause is None else {"scope": str(pause.scope), "target": pause.target,
                                                          "who": pause.who, "reason": pause.reason}}
 
+    def op_usage(self, caller: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
+        """Elastic jobs of a window for ``report`` (:mod:`slurm_elastic.api.usage`); users get their own."""
+        from slurm_elastic.api.usage import usage
+
+        window = []
+        for key in ("since", "until"):
+            text = _str(args, key)
+            try:
+                t = datetime.fromisoformat(text) if text else None
+            except ValueError:
+                t = None
+            if t is None or t.tzinfo is None:
+                raise RequestError(f"{key}: expected an ISO time with a zone, got {text!r}")
+            window.append(t)
+        bucket_s, interval_s = (args.get(k, d) for k, d in (("bucket_s", 3600.0), ("interval_s", 60.0)))
+        if any(isinstance(v, bool) or not isinstance(v, int | float) or v <= 0 for v in (bucket_s, interval_s)):
+            raise RequestError(f"bucket_s, interval_s: expected positive numbers, got {bucket_s!r}, {interval_s!r}")
+        user = None if caller.sees_all(self.settings.access) else caller.user
+        return usage(self.store, user=user, since=window[0], until=window[1], bucket_s=float(bucket_s),
+                     interval_s=float(interval_s))
+
     def op_decisions(self, caller: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
         job_id = _int(args, "job")
         user = None if caller.sees_all(self.settings.access) else caller.user

@@ -41,6 +41,7 @@ def _register() -> None:
     main.add_command(policy_cmd)
     main.add_command(pause_cmd)
     main.add_command(resume_cmd)
+    from slurm_elastic.cli.report_cmd import report_cmd; main.add_command(report_cmd)  # noqa: E702, I001
 
 
 _register()

@@ -11,6 +11,10 @@
   while a job restarts) / (cluster GPUs x makespan).
 * ``starvation`` = jobs whose wait exceeded ``starvation_threshold`` seconds (default 4 hours).
 * ``resizes`` = applied resizes per job (mean).
+
+:func:`job_stats` (JCT and wait distributions, starvation) and :func:`weighted_mean_var` are the formulas
+:func:`summarize` uses; ``slurm-elastic report`` and ``whatif`` apply the same ones to the jobs Slurm's
+accounting recorded, so a report and a replay are measured alike.
 """
 
 from __future__ import annotations
@@ -50,13 +54,57 @@ def percentile_lower(values: Sequence[float], q: float) -> float:
     return ordered[math.floor(q / 100.0 * (len(ordered) - 1) + 1e-9)]
 
 
+@dataclass(frozen=True)
+class JobStats:
+    """Distributions over finished jobs: JCT (completion - submission) and wait (first start - submission)."""
+
+    jobs: int
+    jct_mean: float
+    jct_std: float  # population standard deviation
+    jct_p50: float
+    jct_p99: float
+    wait_mean: float
+    wait_p50: float
+    wait_p99: float
+    starved: int  # jobs whose wait exceeded the starvation threshold
+
+
+def job_stats(jcts: Sequence[float], waits: Sequence[float],
+              starvation_threshold: float = DEFAULT_STARVATION_THRESHOLD) -> JobStats:
+    """The statistics of :class:`JobStats`, with :func:`percentile_lower` percentiles; all 0 without jobs."""
+    if len(jcts) != len(waits):
+        raise ValueError(f"{len(jcts)} JCTs but {len(waits)} waits")
+    if not jcts:
+        return JobStats(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0)
+    mean, var = weighted_mean_var(jcts)
+    return JobStats(
+        jobs=len(jcts),
+        jct_mean=mean,
+        jct_std=math.sqrt(var),
+        jct_p50=percentile_lower(jcts, 50),
+        jct_p99=percentile_lower(jcts, 99),
+        wait_mean=sum(waits) / len(waits),
+        wait_p50=percentile_lower(waits, 50),
+        wait_p99=percentile_lower(waits, 99),
+        starved=sum(1 for w in waits if w > starvation_threshold),
+    )
+
+
+def weighted_mean_var(values: Sequence[float], weights: Sequence[float] | None = None) -> tuple[float, float]:
+    """Mean and population variance of ``values`` (each counted ``weight`` times); (0, 0) when empty."""
+    w = [1.0] * len(values) if weights is None else list(weights)
+    total = sum(w)
+    if total <= 0:
+        return 0.0, 0.0
+    mean = sum(x * k for x, k in zip(values, w, strict=True)) / total
+    return mean, sum(k * (x - mean) ** 2 for x, k in zip(values, w, strict=True)) / total
+
+
 def summarize(result: SimResult, starvation_threshold: float = DEFAULT_STARVATION_THRESHOLD) -> Metrics:
     jobs = result.jobs
     if not jobs:
         return Metrics(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0, 0)
-    jcts = [j.jct for j in jobs]
-    mean = sum(jcts) / len(jcts)
-    std = math.sqrt(sum((x - mean) ** 2 for x in jcts) / len(jcts))
+    stats = job_stats([j.jct for j in jobs], [j.wait for j in jobs], starvation_threshold)
     first = min(j.submit_time for j in jobs)
     last = max(j.end_time for j in jobs)
     makespan = last - first
@@ -64,15 +112,15 @@ def summarize(result: SimResult, starvation_threshold: float = DEFAULT_STARVATIO
     held = sum(u.gpus * (u.end - u.start) for u in result.usage)
     busy = sum(u.busy_gpus * (u.end - u.start) for u in result.usage)
     return Metrics(
-        avg_jct=mean,
-        p50_jct=percentile_lower(jcts, 50),
-        p99_jct=percentile_lower(jcts, 99),
-        jct_std=std,
+        avg_jct=stats.jct_mean,
+        p50_jct=stats.jct_p50,
+        p99_jct=stats.jct_p99,
+        jct_std=stats.jct_std,
         makespan=makespan,
-        avg_wait=sum(j.wait for j in jobs) / len(jobs),
+        avg_wait=stats.wait_mean,
         gpu_util=held / capacity if capacity > 0 else 0.0,
         effective_gpu_util=busy / capacity if capacity > 0 else 0.0,
-        starvation=sum(1 for j in jobs if j.wait > starvation_threshold),
+        starvation=stats.starved,
         resizes=sum(j.resizes for j in jobs) / len(jobs),
         jobs=len(jobs),
     )

@@ -32,6 +32,10 @@ SSHARE_FIELDS = ("Account", "User", "RawShares", "NormShares", "FairShare", "Lev
 ASSOC_FIELDS = ("Cluster", "Account", "User", "Partition", "ParentName", "GrpTRES")
 QOS_FIELDS = ("Name", "GrpTRES", "MaxTRESPerUser", "MaxTRESPerAccount")
 SACCT_FIELDS = ("JobID", "State")
+#: Columns of the accounting export that ``report`` and ``whatif`` read (by name, with
+#: :func:`slurm_elastic.sim.loaders.sacct.parse_accounting`).
+REPORT_FIELDS = ("JobID", "Submit", "Start", "End", "Elapsed", "AllocTRES", "ReqTRES", "NNodes", "State",
+                 "Partition", "Account", "User", "QOS", "Timelimit")
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,35 @@ def parse_cluster_name(text: str) -> str | None:
         if sep and key.strip() == "ClusterName":
             return value.strip() or None
     return None
+
+
+def merge_exports(chunks: Sequence[str]) -> str:
+    """One ``sacct -P`` export from several (consecutive windows, oldest first, each with its header line).
+
+    A job that ran across windows is listed in each; its record is kept once, as the newest window printed it
+    (a job running when one window was read may have ended by the next). Records are told apart by JobID,
+    Submit and Start: a resized job's records differ in Submit, a requeued job's runs in Start."""
+    header: str | None = None
+    records: dict[tuple[str, ...], str] = {}
+    for chunk in chunks:
+        lines = [line for line in chunk.splitlines() if line.strip()]
+        if not lines:
+            continue
+        if header is None:
+            header = lines[0]
+        elif lines[0] != header:
+            raise SlurmParseError(f"sacct: header {lines[0]!r} differs from {header!r}")
+        names = header.rstrip("|").split("|")
+        try:
+            key_at = [names.index(k) for k in ("JobID", "Submit", "Start")]
+        except ValueError:
+            raise SlurmParseError(f"sacct: header {header!r} lacks JobID, Submit or Start") from None
+        for line in lines[1:]:
+            cols = line.split("|")
+            key = tuple(cols[i] if i < len(cols) else "" for i in key_at)
+            records.pop(key, None)  # re-inserted: the newest text, in the newest window's order
+            records[key] = line
+    return "" if header is None else "\n".join([header, *records.values()]) + "\n"
 
 
 def parse_sacct_states(text: str) -> dict[int, str]:

@@ -19,18 +19,20 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from slurm_elastic.slurm import hostlist
 from slurm_elastic.slurm.accounting import (
     ASSOC_FIELDS,
     QOS_FIELDS,
+    REPORT_FIELDS,
     SACCT_FIELDS,
     SSHARE_FIELDS,
     GpuLimits,
     account_weights,
+    merge_exports,
     parse_assoc_limits,
     parse_cluster_name,
     parse_qos_limits,
@@ -86,6 +88,11 @@ class SlurmControl(SlurmReader, Protocol):
     def resume(self, node: str) -> None: ...
     def reconfigure(self) -> None: ...
     def batch_script(self, job_id: int) -> str: ...
+
+
+def _local(t: datetime) -> str:
+    """An aware time as sacct's -S/-E read it: the host's local time, to the second."""
+    return t.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def _check_value(name: str, value: str) -> str:
@@ -176,6 +183,36 @@ class SlurmCli:
             return {}
         return parse_sacct_states(self._accounting(
             ["sacct", "-n", "-P", "-X", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(str(i) for i in ids)]))
+
+    #: ``sacct`` reads of a reporting window: one per day, each allowed this long (a busy day of a large site
+    #: takes seconds; slurmdbd may be slow while it rolls up usage).
+    EXPORT_CHUNK = timedelta(days=1)
+    EXPORT_TIMEOUT_S = 300.0
+
+    def accounting_export(self, start: datetime, end: datetime, *, user: str | None = None,
+                          on_chunk: Callable[[int, int], None] | None = None) -> str:
+        """Job records (``sacct -X -P -o REPORT_FIELDS``) of jobs that were pending or running between ``start``
+        and ``end``, read one day at a time and merged (:func:`~slurm_elastic.slurm.accounting.merge_exports`);
+        every user's (``-a``) or ``user``'s only. ``on_chunk(done, total)`` after each day. sacct is given the
+        host's local time, which is what it prints."""
+        if end <= start:
+            raise SlurmError(f"accounting window ends ({end.isoformat()}) before it starts ({start.isoformat()})")
+        if user is not None and (not user or user.startswith("-") or any(c.isspace() for c in user)):
+            raise SlurmError(f"invalid user name {user!r}")
+        bounds: list[datetime] = [start]
+        while bounds[-1] + self.EXPORT_CHUNK < end:
+            bounds.append(bounds[-1] + self.EXPORT_CHUNK)
+        bounds.append(end)
+        who = ["-a"] if user is None else ["-u", user]
+        chunks: list[str] = []
+        total = len(bounds) - 1
+        for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+            chunks.append(self.cmd.run(
+                ["sacct", "-X", "-P", *who, "-o", ",".join(REPORT_FIELDS), "-S", _local(lo), "-E", _local(hi)],
+                timeout=self.EXPORT_TIMEOUT_S).stdout)
+            if on_chunk is not None:
+                on_chunk(i + 1, total)
+        return merge_exports(chunks)
 
     # --- act -------------------------------------------------------------------------------------------
     def shrink(self, job: Job, keep_nodes: Sequence[str]) -> None:

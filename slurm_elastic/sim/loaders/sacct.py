@@ -9,7 +9,7 @@ Two forms, told apart by content (a JSON document starts with ``{``):
     ``steps`` are ignored. An error names the line where the job's object starts.
 ``sacct -P`` / ``sacct -p`` (``|``-separated, header line first)
     Columns by name, in any order: JobID, Submit, Start, End, and AllocTRES or ReqTRES are required; Elapsed,
-    NNodes, State, Partition, Account, User and Timelimit are read when present. Step rows (``123.batch``,
+    NNodes, State, Partition, Account, User, QOS and Timelimit are read when present. Step rows (``123.batch``,
     ``123.0``, ``123.extern``) are ignored. Suggested export::
 
         sacct -a -X -P -S 2024-01-01 -E now \\
@@ -58,6 +58,31 @@ class _Record:
     account: str | None
     user: str | None
     time_limit: float | None
+    qos: str | None = None
+
+
+@dataclass(frozen=True)
+class AccountingJob:
+    """One finished GPU job of an export, all its records merged (see :func:`_merge`).
+
+    Times are seconds since the epoch of the clock sacct printed, read as if it were UTC (sacct prints local
+    time without a zone): differences are exact, absolute values are off by the cluster's UTC offset.
+    """
+
+    spec: JobSpec  # submit_time on that clock; duration = time covered by its records' [Start, End] spans
+    start: float  # first start
+    end: float  # last end
+    state: str  # of its last record: COMPLETED, FAILED, TIMEOUT, CANCELLED, ...
+    qos: str | None
+    running: float  # seconds its records' spans cover (the replay runs it at least 1 s)
+
+    @property
+    def jct(self) -> float:
+        return self.end - self.spec.submit_time
+
+    @property
+    def wait(self) -> float:
+        return max(0.0, self.start - self.spec.submit_time)
 
 
 def load_sacct(path: str) -> Workload:
@@ -66,34 +91,41 @@ def load_sacct(path: str) -> Workload:
             text = handle.read()
         except UnicodeDecodeError as exc:
             raise TraceFormatError(path, None, f"not UTF-8 text: {exc}") from None
-    records = list(_json_records(path, text) if text.lstrip().startswith("{") else _parsable_records(path, text))
-    return _to_workload(path, records)
+    return accounting_workload(path, *parse_accounting(path, text))
 
 
-def _to_workload(path: str, records: list[_Record]) -> Workload:
+def parse_accounting(source: str, text: str) -> tuple[list[AccountingJob], dict[str, int]]:
+    """The finished GPU jobs of an export (either form), in order of submission, and the others by reason."""
+    records = list(_json_records(source, text) if text.lstrip().startswith("{") else _parsable_records(source, text))
     groups: dict[str, list[_Record]] = {}
     for rec in records:
         groups.setdefault(rec.job_id, []).append(rec)
     skipped: dict[str, int] = {}
-    jobs: list[tuple[float, JobSpec]] = []
+    jobs: list[AccountingJob] = []
     for group in groups.values():
-        merged = _merge(path, group)
+        merged = _merge(source, group)
         if isinstance(merged, str):
             skipped[merged] = skipped.get(merged, 0) + 1
         else:
             jobs.append(merged)
+    jobs.sort(key=lambda j: j.spec.submit_time)  # stable: ties keep file order
+    return jobs, skipped
+
+
+def accounting_workload(source: str, jobs: list[AccountingJob], skipped: dict[str, int]) -> Workload:
+    """The jobs as a workload to replay: submission times relative to the first one."""
     if not jobs:
-        raise TraceFormatError(path, None, f"no finished GPU jobs (skipped: {skipped or 'none'})")
-    origin = min(submit for submit, _ in jobs)
-    ordered = sorted(jobs, key=lambda item: item[0])  # stable: ties keep file order
+        raise TraceFormatError(source, None, f"no finished GPU jobs (skipped: {skipped or 'none'})")
+    origin = min(j.spec.submit_time for j in jobs)
+    ordered = sorted(jobs, key=lambda j: j.spec.submit_time)
     return Workload(
-        source=path,
-        jobs=tuple(replace(spec, submit_time=submit - origin) for submit, spec in ordered),
+        source=source,
+        jobs=tuple(replace(j.spec, submit_time=j.spec.submit_time - origin) for j in ordered),
         skipped=skipped,
     )
 
 
-def _merge(path: str, group: list[_Record]) -> tuple[float, JobSpec] | str:
+def _merge(path: str, group: list[_Record]) -> AccountingJob | str:
     """One job from all its records, or the reason it is not replayed.
 
     Slurm writes several records under one JobID when a job is resized (each size but the last is ``RESIZING``)
@@ -135,7 +167,9 @@ def _merge(path: str, group: list[_Record]) -> tuple[float, JobSpec] | str:
         partition=last.partition,
         line=min(r.line for r in group),
     )
-    return submit, spec
+    end = max(r.end for r in ran if r.end is not None)
+    return AccountingJob(spec=spec, start=first.start or submit, end=end, state=last.state, qos=last.qos,
+                         running=running)
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:
@@ -254,6 +288,7 @@ def _parsable_record(path: str, line: int, job_id: str, row: Mapping[str, str]) 
         account=row.get("account", "").strip() or None,
         user=row.get("user", "").strip() or None,
         time_limit=_duration(path, line, row.get("timelimit", ""), "Timelimit"),
+        qos=row.get("qos", "").strip() or None,
     )
 
 
@@ -382,4 +417,5 @@ def _json_records(path: str, text: str) -> Iterator[_Record]:
             account=job.get("account") or None,
             user=job.get("user") or None,
             time_limit=limit * 60.0 if limit else None,  # minutes
+            qos=job.get("qos") or None,
         )
