@@ -42,6 +42,7 @@ def _register() -> None:
     main.add_command(pause_cmd)
     main.add_command(resume_cmd)
     from slurm_elastic.cli.report_cmd import report_cmd; main.add_command(report_cmd)  # noqa: E702, I001
+    from slurm_elastic.cli.whatif_cmd import whatif_cmd; main.add_command(whatif_cmd)  # noqa: E702, I001
 
 
 _register()
