@@ -123,8 +123,10 @@ class Service:
             s = self.store.samples.samples(j.job_id, since=now - timedelta(minutes=10))
             d = last.get(j.job_id)
             rows.append({"job": j.job_id, "user": j.user, "account": j.account, "partition": j.partition,
-                         "state": j.state, "min_nodes": j.min_nodes, "current_nodes": j.current_nodes,
-                         "max_nodes": j.max_nodes, "paused": j.paused,
+                         "state": j.state, "min_nodes": j.min_nodes, "max_nodes": j.max_nodes, "paused": j.paused,
+                         # an ended job holds no nodes: its last size is what it ended with, not a current one
+                         "current_nodes": None if j.ended_at else j.current_nodes,
+                         "ended_nodes": j.current_nodes if j.ended_at else None, "ended_at": _iso(j.ended_at),
                          "util_10m": round(sum(x.util_mean for x in s) / len(s), 1) if s else None,
                          "last_action": d.action if d else None, "last_reason": d.reason if d else None,
                          "last_age_s": (now - d.time).total_seconds() if d else None, "note": j.spec_error})

@@ -77,6 +77,13 @@ def list_cmd(*, url: str | None, socket_: str | None, job: int | None, since: st
          parsable=parsable, as_json=as_json, noheader=noheader, json_rows=rows)
 
 
+def _job_note(j: dict[str, Any]) -> str:
+    """An ended job's size is history: say what it ended with, and when (its cur column shows "-")."""
+    ended = (f"ended {_time(j['ended_at'])} with {j['ended_nodes']} node{'' if j['ended_nodes'] == 1 else 's'}"
+             if j.get("ended_at") else "")
+    return "; ".join(x for x in (ended, j["note"] or "") if x)
+
+
 @click.command("jobs")
 @backend_options
 @click.option("-a", "--all", "show_all", is_flag=True, help="include ended jobs")
@@ -88,10 +95,10 @@ def jobs_cmd(*, url: str | None, socket_: str | None, show_all: bool, parsable: 
     jobs = call(url, socket_, "jobs", {"all": show_all})["jobs"]
     rows = [(j["job"], j["user"], j["account"] or "", j["partition"], j["state"] + (" (paused)" if j["paused"]
                                                                                        else ""),
-             j["min_nodes"], j["current_nodes"], j["max_nodes"],
+             j["min_nodes"], "-" if j["current_nodes"] is None else j["current_nodes"], j["max_nodes"],
              "" if j["util_10m"] is None else f"{j['util_10m']:.0f}%",
              f"{j['last_action']}:{j['last_reason']}" if j["last_action"] else "",
-             age(j["last_age_s"]) if j["last_age_s"] is not None else "", j["note"] or "") for j in jobs]
+             age(j["last_age_s"]) if j["last_age_s"] is not None else "", _job_note(j)) for j in jobs]
     emit(["jobid", "user", "account", "partition", "state", "min", "cur", "max", "util(10m)", "last", "age",
           "note"], rows, parsable=parsable, as_json=as_json, noheader=noheader, json_rows=jobs)
 
