@@ -80,7 +80,8 @@ class Demo:
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "slurm_elastic.cli", "agent", "--node", node, "--listen", "127.0.0.1",
                  "--port", str(port), "--key-file", str(key), "--gpu-map-dir", str(self.root / "gpu-map"),
-                 "--interval", "2", "--window", "10"], env=env, stdout=log, stderr=subprocess.STDOUT))
+                 "--interval", "2", "--window", "10", "--metrics-port", str(port + 100)],  # one /metrics port each
+                env=env, stdout=log, stderr=subprocess.STDOUT))
             urls[node] = f"http://127.0.0.1:{port}"
         return urls
 

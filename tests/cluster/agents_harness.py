@@ -34,15 +34,28 @@ T = TypeVar("T")
 
 class Agents:
     def __init__(self, cluster: TestCluster, key: bytes, procs: dict[str, subprocess.Popen[bytes]],
-                 key_file: Path) -> None:
+                 key_file: Path, metrics_token_file: Path) -> None:
         self.cluster = cluster
         self.key = key
         self.procs = procs
         self.key_file = key_file
+        self.metrics_token_file = metrics_token_file  # the bearer token of /metrics, for agents and controller
 
     @staticmethod
     def url(node: str) -> str:
         return f"http://127.0.0.1:{18000 + int(node.removeprefix('n'))}"
+
+    @staticmethod
+    def metrics_address(node: str) -> str:
+        """host:port of the node agent's /metrics listener."""
+        return f"127.0.0.1:{18300 + int(node.removeprefix('n'))}"
+
+    def metrics_url(self, node: str) -> str:
+        return f"http://{self.metrics_address(node)}/metrics"
+
+    @property
+    def metrics_token(self) -> str:
+        return self.metrics_token_file.read_text().strip()
 
     def report(self, node: str) -> NodeReport:
         async def fetch() -> NodeReport:
@@ -81,7 +94,8 @@ def install_plugins(cluster: TestCluster) -> None:
 @contextlib.contextmanager
 def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = INTERVAL_S,
                    window_s: float = 30) -> Iterator[Agents]:
-    """One agent per node (port 18000 + node number) over fresh 4-GPU virtual state; stopped on exit."""
+    """One agent per node (port 18000 + node number, /metrics on 18300 + node number, with the bearer token in
+    ``key_dir/metrics.token``) over fresh 4-GPU virtual state; stopped on exit."""
     install_plugins(cluster)
     lib = build_library(REPO / "build" / "vgpu")
     vgpu_dir = cluster.root / "vgpu"
@@ -91,6 +105,9 @@ def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = I
     key_file = key_dir / "agent.key"
     key_file.write_bytes(os.urandom(32).hex().encode())
     key_file.chmod(0o600)
+    token_file = key_dir / "metrics.token"
+    token_file.write_text(os.urandom(24).hex() + "\n")
+    token_file.chmod(0o600)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = cluster.root / "log"
     try:
@@ -103,8 +120,9 @@ def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = I
                     [sys.executable, "-c", "from slurm_elastic.cli import main; main()", "agent", "-v",
                      "--node", node, "--listen", "127.0.0.1", "--port", str(port), "--key-file", str(key_file),
                      "--gpu-map-dir", str(cluster.root / "gpu-map"), "--interval", str(interval_s),
-                     "--window", str(window_s)], env=env, stdout=log, stderr=subprocess.STDOUT)
-        result = Agents(cluster, key_file.read_bytes(), procs, key_file)
+                     "--window", str(window_s), "--metrics-port", str(18300 + int(node.removeprefix("n"))),
+                     "--metrics-token-file", str(token_file)], env=env, stdout=log, stderr=subprocess.STDOUT)
+        result = Agents(cluster, key_file.read_bytes(), procs, key_file, token_file)
 
         def all_up() -> bool | None:
             for node, p in procs.items():

@@ -65,6 +65,7 @@ socket = "{api_socket}"
 [metrics]
 port = {metrics_port}
 address = "127.0.0.1"
+token_file = "{agents.metrics_token_file}"
 """)
     return cfg
 

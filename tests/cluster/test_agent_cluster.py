@@ -159,13 +159,20 @@ def test_killing_the_workload_makes_it_disappear_and_the_ended_job_too(agents: A
 
 
 def test_metrics_of_a_live_agent(agents: Agents) -> None:
-    async def main() -> str:
-        async with aiohttp.ClientSession() as s, s.get(agents.url("n1") + "/metrics") as resp:
-            assert resp.status == 200
-            return await resp.text()
+    """/metrics is on its own listener; job, user and account labels only with the bearer token."""
+    async def get(url: str, headers: dict[str, str]) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as resp:
+            return resp.status, await resp.text()
 
-    samples = [s for f in text_string_to_metric_families(asyncio.run(main())) for s in f.samples]
-    util = [s for s in samples if s.name == "DCGM_FI_DEV_GPU_UTIL"]
-    assert sorted(s.labels["gpu"] for s in util) == ["0", "1", "2", "3"]
-    assert {s.labels["node"] for s in util} == {"n1"}
-    assert [s.value for s in samples if s.name == "slurm_elastic_agent_nvml_up"] == [1.0]
+    assert asyncio.run(get(agents.url("n1") + "/metrics", {}))[0] == 404  # not on the controller's listener
+    assert asyncio.run(get(agents.metrics_url("n1"), {"Authorization": "Bearer wrong-token-0123456789"}))[0] == 401
+    for headers, per_job in (({}, set()),
+                             ({"Authorization": f"Bearer {agents.metrics_token}"}, {"job", "user", "account"})):
+        status, text = asyncio.run(get(agents.metrics_url("n1"), headers))
+        assert status == 200
+        samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        util = [s for s in samples if s.name == "DCGM_FI_DEV_GPU_UTIL"]
+        assert sorted(s.labels["gpu"] for s in util) == ["0", "1", "2", "3"]
+        assert {s.labels["node"] for s in util} == {"n1"}
+        assert {k for s in util for k in s.labels} & {"job", "user", "account"} == per_job
+        assert [s.value for s in samples if s.name == "slurm_elastic_agent_nvml_up"] == [1.0]

@@ -163,10 +163,11 @@ def exposed_names(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
-def scrape(url: str) -> str:
+def scrape(url: str, token: str | None = None) -> str:
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310 - a fixed local http URL
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(request, timeout=10) as resp:  # noqa: S310 - a fixed local http URL
         return str(resp.read().decode())
 
 
@@ -179,7 +180,10 @@ def test_controller_metrics_and_the_dashboard_against_real_scrapes(running: tupl
     wait_until("a cycle in the metrics",
                lambda: any(v > 0 for _, v in exposed_names(scrape(url))
                            .get("slurm_elastic_controller_cycle_duration_seconds_count", [])), 60, ctl)
-    ctl_names = exposed_names(scrape(url))
+    # Without the token: no per-job series (job ids, user names); with it: all of them.
+    public = exposed_names(scrape(url))
+    assert "slurm_elastic_job_nodes" not in public and "slurm_elastic_controller_lease_held" in public
+    ctl_names = exposed_names(scrape(url, agents.metrics_token))
     assert ctl_names["slurm_elastic_controller_lease_held"] == [({}, 1.0)]
     assert ctl_names["slurm_elastic_controller_managed_jobs"][0][1] >= 1
     assert any(labels["jobid"] == str(job) for labels, _ in ctl_names["slurm_elastic_job_nodes"])
@@ -191,7 +195,7 @@ def test_controller_metrics_and_the_dashboard_against_real_scrapes(running: tupl
         assert name in ctl_names, name
     agent_names: dict[str, list[tuple[dict[str, str], float]]] = {}
     for node in agents.cluster.nodes:
-        agent_names.update(exposed_names(scrape(agents.url(node) + "/metrics")))
+        agent_names.update(exposed_names(scrape(agents.metrics_url(node), agents.metrics_token)))
     dashboard = json.loads((REPO / "docs" / "grafana" / "slurm-elastic.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     exprs += [a["expr"] for a in dashboard["annotations"]["list"] if "expr" in a]
@@ -217,19 +221,22 @@ def prom_query(expr: str) -> list[dict[str, object]]:
 
 def test_a_real_prometheus_answers_the_dashboard_queries(running: tuple[ControllerProcess, Cli, int],
                                                          agents: Agents, tmp_path: Path) -> None:
-    """Debian's Prometheus (scripts/bootstrap installs it) scrapes the controller and the agents; the dashboard's
-    core queries return data."""
+    """Debian's Prometheus (scripts/bootstrap installs it) scrapes the controller and the agents with the metrics
+    bearer token (as docs/deployment.md configures it); the dashboard's core queries return data."""
     ctl, _cli, job = running
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed: run scripts/bootstrap"
-    targets = ", ".join(f'"127.0.0.1:{18000 + int(n.removeprefix("n"))}"' for n in agents.cluster.nodes)
+    targets = ", ".join(f'"{agents.metrics_address(n)}"' for n in agents.cluster.nodes)
+    auth = f"{{type: Bearer, credentials_file: {agents.metrics_token_file}}}"
     cfg = tmp_path / "prometheus.yml"
     cfg.write_text(f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 scrape_configs:
   - job_name: controller
+    authorization: {auth}
     static_configs: [{{targets: ["127.0.0.1:{METRICS_PORT}"]}}]
   - job_name: agents
+    authorization: {auth}
     static_configs: [{{targets: [{targets}]}}]
 """)
     log = tmp_path / "prometheus.log"
@@ -255,7 +262,8 @@ scrape_configs:
             try:
                 wait_until(f"data for the dashboard query {q}", lambda q=q: bool(prom_query(q)), 90, ctl)
             except AssertionError as e:
-                mine = [line for line in scrape(f"http://127.0.0.1:{METRICS_PORT}/metrics").splitlines()
+                mine = [line for line in scrape(f"http://127.0.0.1:{METRICS_PORT}/metrics", agents.metrics_token)
+                        .splitlines()
                         if line.startswith("slurm_elastic_job")]
                 raise AssertionError(f"{e}\ncontroller job series: {mine}") from None
         series = [r["metric"] for r in prom_query(f'slurm_elastic_job_nodes{{jobid="{job}"}}')]
