@@ -258,6 +258,8 @@ class Controller:
             if j.is_pending and j.submit_time is not None and parse_tag(j.comment) is None:
                 waits.setdefault(j.partition, []).append(max(0.0, (now - j.submit_time).total_seconds()))
         m.pending(waits)
+        m.finished((j for j in snap.jobs if parse_tag(j.comment) is None),  # extension jobs are their parent's
+                   lambda job_id: getattr(self.store.jobs.get_job(job_id), "spec", None) is not None)
 
     def _read_script(self, job_id: int) -> str | None:
         try:

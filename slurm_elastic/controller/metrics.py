@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from slurm_elastic.agent.auth import MetricsAccess
 from slurm_elastic.agent.errors import AuthError
+from slurm_elastic.slurm.model import Job
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.records import AgentRecord
 
@@ -42,6 +43,12 @@ class _Union(Collector):
     def collect(self) -> Iterable[Metric]:
         for registry in self._registries:
             yield from registry.collect()
+
+
+#: Job completion and wait buckets (s): a minute to a week.
+_JOB_BUCKETS = (60, 300, 900, 1800, 3600, 7200, 14400, 28800, 86400, 259200, 604800)
+_ENDED = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+                    "OUT_OF_MEMORY"})
 
 
 class ControllerMetrics:
@@ -83,6 +90,15 @@ class ControllerMetrics:
                                   "Longest wait of a pending job, by partition.", ["partition"], registry=r)
         self.pending_jobs = Gauge("slurm_elastic_pending_jobs", "Pending jobs, by partition.", ["partition"],
                                   registry=r)
+        # Finished jobs (squeue lists them for MinJobAge after their end), once each; no job ids, so public.
+        self.job_completion = Histogram("slurm_elastic_job_completion_seconds",
+                                        "Completion time (end - submission) of finished jobs, by partition and "
+                                        "whether they were elastic.", ["partition", "elastic"],
+                                        buckets=_JOB_BUCKETS, registry=r)
+        self.job_wait = Histogram("slurm_elastic_job_wait_seconds", "Queue wait (start - submission) of finished "
+                                  "jobs, by partition and whether they were elastic.", ["partition", "elastic"],
+                                  buckets=_JOB_BUCKETS, registry=r)
+        self._finished: set[int] = set()
         self._gpu_totals: tuple[int, int] | None = None
 
     def lease(self, epoch: int | None) -> None:
@@ -117,6 +133,29 @@ class ControllerMetrics:
             if util is not None:
                 self.job_util.labels(str(job_id), user, partition).set(util)
         self.managed_jobs.set(n)
+
+    def finished(self, jobs: Iterable[Job], is_elastic: Callable[[int], bool]) -> None:
+        """Observe the completion time and wait of each job that ran and ended, once: in the first cycle that
+        sees it ended (a restarted controller observes again the ended jobs squeue still lists). Het components
+        count once, as their leader."""
+        listed: set[int] = set()
+        for j in jobs:
+            if (j.state not in _ENDED or j.submit_time is None or j.start_time is None or j.end_time is None
+                    or j.end_time < j.start_time or (j.het_job_offset or 0) > 0):
+                continue
+            listed.add(j.job_id)
+            if j.job_id in self._finished:
+                continue
+            try:
+                elastic = "true" if is_elastic(j.job_id) else "false"
+            except StoreError as e:
+                log.warning("metrics: cannot tell whether job %d was elastic: %s", j.job_id, e)
+                listed.discard(j.job_id)  # tried again next cycle
+                continue
+            self.job_completion.labels(j.partition, elastic).observe((j.end_time - j.submit_time).total_seconds())
+            self.job_wait.labels(j.partition, elastic).observe(max(0.0, (j.start_time - j.submit_time)
+                                                                   .total_seconds()))
+        self._finished = listed  # forget the jobs squeue no longer lists
 
     def pending(self, waits: Mapping[str, list[float]]) -> None:
         self.pending_wait.clear()

@@ -224,6 +224,8 @@ def test_a_real_prometheus_answers_the_dashboard_queries(running: tuple[Controll
     """Debian's Prometheus (scripts/bootstrap installs it) scrapes the controller and the agents with the metrics
     bearer token (as docs/deployment.md configures it); the dashboard's core queries return data."""
     ctl, _cli, job = running
+    # A short rigid job ends while Prometheus scrapes: the finished-job histograms get their first series.
+    short = agents.cluster.submit("#!/bin/sh\nsleep 1\n", "-N1", "--gres=gpu:1", "--time=1", user="bob")
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not installed: run scripts/bootstrap"
     targets = ", ".join(f'"{agents.metrics_address(n)}"' for n in agents.cluster.nodes)
@@ -255,7 +257,8 @@ scrape_configs:
         dashboard = json.loads((REPO / "docs" / "grafana" / "slurm-elastic.json").read_text())
         queries = {t["expr"] for p in dashboard["panels"] for t in p["targets"]
                    if p["title"] in {"Cluster GPU utilization", "Per-job GPU utilization vs size",
-                                     "Decisions by reason", "Cycle latency"}}
+                                     "Decisions by reason", "Cycle latency", "Completion time of finished jobs",
+                                     "Queue wait of finished jobs"}}
         queries = {q.replace('=~"$job"', f'=~"{job}"') for q in queries}
 
         for q in sorted(queries):
@@ -266,6 +269,10 @@ scrape_configs:
                         .splitlines()
                         if line.startswith("slurm_elastic_job")]
                 raise AssertionError(f"{e}\ncontroller job series: {mine}") from None
+        assert agents.cluster.wait_state(short, {"COMPLETED"}) == "COMPLETED"
+        wait_until("the finished job in Prometheus", lambda: any(
+            isinstance(r["value"], list) and float(r["value"][1]) >= 1
+            for r in prom_query('slurm_elastic_job_completion_seconds_count{elastic="false"}')), 60, ctl)
         series = [r["metric"] for r in prom_query(f'slurm_elastic_job_nodes{{jobid="{job}"}}')]
         assert any(isinstance(m, dict) and m.get("jobid") == str(job) for m in series)
     finally:

@@ -4,6 +4,7 @@ the Grafana dashboard's queries parsed (the live check against real scrapes is t
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def test_dashboard_has_the_required_panels_and_only_known_controller_names() -> 
     d = json.loads(DASHBOARD.read_text())
     titles = {p["title"] for p in d["panels"]}
     assert {"Cluster GPU utilization", "Per-job GPU utilization vs size", "Decisions by reason", "Cycle latency",
-            "Queue wait of pending jobs"} <= titles
+            "Queue wait of pending jobs", "Completion time of finished jobs", "Queue wait of finished jobs"} <= titles
     assert any("slurm_elastic_job_nodes" in a["expr"] for a in d["annotations"]["list"])  # resize annotations
     exposed = set()
     for fam in text_string_to_metric_families(generate_latest(ControllerMetrics().registry).decode()):
@@ -93,3 +94,32 @@ def test_dashboard_has_the_required_panels_and_only_known_controller_names() -> 
     used = set().union(*(metric_names(t["expr"]) for p in d["panels"] for t in p["targets"]))
     controller_side = {n for n in used if not n.startswith(("DCGM_", "slurm_elastic_agent_"))}
     assert controller_side <= exposed, controller_side - exposed
+
+
+def test_finished_jobs_feed_the_completion_and_wait_histograms_once() -> None:
+    clock = FakeClock(T0)
+    store = memory_store(clock)
+    slurm, agents, metrics = FakeSlurm(clock), Agents(clock), ControllerMetrics()
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,  # type: ignore[arg-type]
+                     store=store, collector=agents, clock=clock, metrics=metrics)
+    slurm.add_job(10, ["n1"])
+    agents.util[("n1", 10)] = 60.0
+    observe_cycle(ctl, ctl.run_cycle, T0)
+    # Elastic job 10 ends after 2 h (queued 10 min); rigid job 11, never seen running, after 30 min (queued 1 h).
+    slurm.jobs[10] = replace(slurm.jobs[10], state="COMPLETED", submit_time=T0 - timedelta(hours=2),
+                             start_time=T0 - timedelta(hours=2) + timedelta(minutes=10), end_time=T0)
+    slurm.jobs[11] = replace(slurm.jobs[10], job_id=11, state="TIMEOUT", submit_time=T0 - timedelta(hours=1.5),
+                             start_time=T0 - timedelta(minutes=30), end_time=T0)
+    slurm.jobs[12] = replace(slurm.jobs[10], job_id=12, state="CANCELLED", start_time=None, end_time=T0)  # never ran
+    for _ in range(3):  # listed for several cycles, observed once
+        clock.advance(2.0)
+        observe_cycle(ctl, ctl.run_cycle, T0)
+    s = samples(metrics)
+    counts = {(lab["elastic"], lab["partition"]): v for lab, v in s["slurm_elastic_job_completion_seconds_count"]}
+    assert counts == {("true", "train"): 1.0, ("false", "train"): 1.0}
+    sums = {lab["elastic"]: v for lab, v in s["slurm_elastic_job_completion_seconds_sum"]}
+    assert sums == {"true": 7200.0, "false": 5400.0}
+    waits = {lab["elastic"]: v for lab, v in s["slurm_elastic_job_wait_seconds_sum"]}
+    assert waits == {"true": 600.0, "false": 3600.0}
+    le = {(lab["elastic"], lab["le"]): v for lab, v in s["slurm_elastic_job_wait_seconds_bucket"]}
+    assert (le[("true", "300.0")], le[("true", "900.0")], le[("false", "3600.0")]) == (0.0, 1.0, 1.0)
