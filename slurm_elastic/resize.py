@@ -12,8 +12,10 @@ Standard library only and free of side effects on import, like :mod:`slurm_elast
   writes ``resize-<leader id>.ack`` (``{"id", "time"[, "step"]}``). The controller takes the nodes as soon as it
   sees the acknowledgement (at the deadline at the latest); an extension job starts its workers once it is
   there. The time from notice to acknowledgement is journaled.
-* After acknowledging, the workers :func:`hold` (take no training step) until the resize restarts them, the
-  notice is withdrawn, or ``hold_until`` passes; so no step is taken that the resumed run would repeat.
+* After acknowledging, the workers :func:`hold` (take no training step) until the resize restarts them (a
+  peer's node is taken: the hold's heartbeat collective fails; or a new node joins the rendezvous), the
+  notice is withdrawn (the controller called the resize off), or ``hold_until`` passes; so no step is taken
+  that the resumed run would repeat.
 
 A notice that has been acknowledged is no longer pending: workers restarted after the resize resume from the
 checkpoint and train on. I/O errors never raise (a notice must not kill training).

@@ -18,7 +18,7 @@ from slurm_elastic.api.lease_status import controller_state
 from slurm_elastic.api.tomltext import apply_assignments, dumps
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.store import SqlStore
-from slurm_elastic.store.records import DecisionFilter, DecisionRecord, PauseScope
+from slurm_elastic.store.records import DecisionFilter, DecisionRecord, ElasticJobRecord, PauseScope
 
 #: (policy text, where it came from) used while no version is stored: the controller's policy_file, or defaults.
 BasePolicy = Callable[[], tuple[str, str]]
@@ -69,6 +69,15 @@ def decision_dict(d: DecisionRecord) -> dict[str, Any]:
             "reason": d.reason, "message": d.message, "inputs": d.inputs, "current_nodes": d.current_nodes,
             "target_nodes": d.target_nodes, "signal": d.signal, "profile": d.profile, "paused": d.paused,
             "dry_run": d.dry_run}
+
+
+def _nodes_now(rec: ElasticJobRecord) -> dict[str, Any]:
+    """min/current/max of a job; one that has ended (failed, completed, cancelled) holds no node now: its last
+    size is ``last`` and ``ended`` says when."""
+    nodes: dict[str, Any] = {"min": rec.min_nodes, "current": rec.current_nodes, "max": rec.max_nodes}
+    if rec.ended_at is not None:
+        nodes.update(current=0, last=rec.current_nodes, ended=_iso(rec.ended_at))
+    return nodes
 
 
 class Service:
@@ -168,8 +177,7 @@ class Service:
         decisions = [decision_dict(d) for d in self.store.decisions.last_decisions(job_id, n)]
         pause = self.store.pauses.active_pause(job_id, rec.partition)
         return {"job": job_id, "user": rec.user, "account": rec.account, "partition": rec.partition, "qos": rec.qos,
-                "state": rec.state, "nodes": {"min": rec.min_nodes, "current": rec.current_nodes,
-                                              "max": rec.max_nodes},
+                "state": rec.state, "nodes": _nodes_now(rec),
                 "directives": rec.spec, "directives_source": str(rec.spec_source), "directives_error": rec.spec_error,
                 "policy_source": source, "profile_now": cfg.active_profile, "settings": settings,
                 "decisions": decisions,

@@ -119,7 +119,8 @@ def explain_cmd(*, url: str | None, socket_: str | None, job_id: int, last: int,
     n = r["nodes"]
     head = [("job", r["job"]), ("user", r["user"]), ("account", r["account"] or ""),
             ("partition", r["partition"]), ("qos", r["qos"] or ""), ("state", r["state"]),
-            ("nodes", f"min {n['min']} current {n['current']} max {n['max']}"),
+            ("nodes", f"min {n['min']} current {n['current']} max {n['max']}"
+                      + (f" (ended {_time(n['ended'])}, last size {n['last']})" if n.get("ended") else "")),
             ("directives", r["directives"] or "(none)"), ("directives_from", r["directives_source"]),
             ("policy", r["policy_source"]), ("profile_now", r.get("profile_now") or "(none)")]
     if r["directives_error"]:

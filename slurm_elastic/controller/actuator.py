@@ -9,7 +9,7 @@ Shrink: journal the intent (with its plan and the grace deadline), write the res
 signal, and come back on a later cycle once the job has acknowledged its checkpoint or the grace period is over;
 then re-check the plan against the current snapshot (never below min, never the batch host) and carry it out:
 cancel extension jobs (newest first), shrink a partly released extension in place, then release leader nodes with
-``scontrol update NodeList=``; then withdraw the notice.
+``scontrol update NodeList=``. A shrink called off withdraws its notice.
 
 Every resize is announced to the training processes first (slurm_elastic/resize.py, controller/notices.py): a
 shrink's notice lasts its grace period; a grow's notice is written just before the extension job is submitted,
@@ -252,8 +252,10 @@ class Actuator:
             return f"shrink failed: {_msg(e)}"
         released = ",".join(p.get("released_nodes") or [])
         outcome = f"released {released}{ack_note}{self._extend_time_limit(action, leader)}"
+        # The notice stays: the held workers leave their hold when the released nodes' peers die (their
+        # heartbeat collective fails and torchrun restarts them); withdrawing it now could let them take a step
+        # with a peer that is still dying. Acknowledged, it is pending for no one.
         self.store.journal.mark_applied(action.id, outcome)
-        self._withdraw(leader, action)
         return outcome
 
     def _shrink_ack(self, action: ActionRecord, leader: Job | None, now: datetime) -> str | None:
@@ -277,7 +279,7 @@ class Actuator:
         return "; no acknowledgement: grace period over" if float(p.get("grace_s") or 0) > 0 else ""
 
     def _withdraw(self, leader: Job | None, action: ActionRecord) -> None:
-        """Remove a finished shrink's notice: workers holding after their checkpoint train on."""
+        """Remove a called-off shrink's notice: workers holding after their checkpoint train on."""
         if leader is None:
             return
         try:

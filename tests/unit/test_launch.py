@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from slurm_elastic import resize
-from slurm_elastic.launch import rdzv_args
+from slurm_elastic.launch import child_pids, rdzv_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,5 +83,7 @@ def test_extension_gate_waits_for_the_acknowledgement(tmp_path: Path) -> None:
         resize.acknowledge(path=str(notice_file))
         _wait(lambda: out.exists() and "ready" in out.read_text())
     finally:
+        for pid in child_pids(proc.pid):
+            os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait()

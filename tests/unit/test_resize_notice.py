@@ -181,7 +181,7 @@ def test_shrink_posts_a_notice_and_goes_at_the_acknowledgement(tmp_path: Path) -
     (action,) = [a for a in store.journal.list_actions(job_id=20) if a.id == action.id]
     assert action.state == ActionState.APPLIED and "checkpoint acknowledged after 0.8s" in action.message
     assert slurm.jobs[20].node_count == 2
-    assert resize.read_notice(path) is None  # withdrawn: holding workers train on
+    assert not resize.resize_pending(path)  # stays (acknowledged): held workers go on at their peers' end
     assert ctl.actuator.known_ack_s(20, slurm.jobs[20]) == pytest.approx(0.8)
 
 
