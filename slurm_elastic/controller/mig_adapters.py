@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import json
 import os
 import signal
 import subprocess
@@ -38,7 +37,6 @@ from slurm_elastic.mig.workflow import (
     WorkflowError,
 )
 from slurm_elastic.slurm.adapter import SlurmCli
-from slurm_elastic.slurm.openapi import parse_nodes
 from slurm_elastic.store import ActionKind, ActionRecord, DuplicateIntentError
 from slurm_elastic.store.protocols import Journal
 
@@ -105,14 +103,9 @@ class CliSlurm:
         self.cli = cli or SlurmCli()
 
     def node_status(self, node: str) -> NodeStatus:
-        data = json.loads(self.cli.cmd.run(["sinfo", "--json"]).stdout)
-        started: float | None = None
-        for raw in data.get("nodes", []) if isinstance(data, dict) else []:
-            if isinstance(raw, dict) and raw.get("name") == node:
-                value = raw.get("slurmd_start_time")
-                started = float(value) if isinstance(value, int | float) and value > 0 else None
-        for n in parse_nodes(data)[1]:
+        for n in self.cli.nodes():
             if n.name == node:
+                started = n.slurmd_start_time.timestamp() if n.slurmd_start_time is not None else None
                 return NodeStatus(n.name, n.state, n.state_flags, n.reason, ",".join(str(g) for g in n.gres),
                                   started)
         raise WorkflowError(f"Slurm does not know node {node}")

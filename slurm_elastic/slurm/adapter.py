@@ -1,6 +1,8 @@
 """The Slurm adapter: the one place in slurm-elastic that talks to Slurm.
 
-Reads come from ``squeue --json`` / ``sinfo --json`` (+ ``scontrol -o show partition``). Writes go through
+Reads come from ``squeue --json``, ``scontrol show nodes --json`` (23.02+; ``sinfo --json`` on 22.05, which has
+no JSON in scontrol and whose sinfo still lists nodes one by one) and ``scontrol -o show partition``; jobs that
+have left squeue (finished jobs are not in ``squeue --all`` from 23.02 on) are read from ``sacct``. Writes go through
 ``scontrol``, ``scancel`` and ``sbatch``. Facts that shaped the write paths (measured on Slurm 22.05):
 
 * Shrink: ``scontrol update JobId=<raw id> NodeList=<nodes to keep>``. Het components must be addressed by their
@@ -108,6 +110,7 @@ class SlurmCli:
     def __init__(self, commands: SlurmCommands | None = None) -> None:
         self.cmd = commands or SlurmCommands()
         self._cluster: tuple[str | None] | None = None  # ClusterName, once read
+        self._scontrol_json: bool | None = None  # does scontrol take --json (23.02+)? None: not tried yet
 
     # --- read ------------------------------------------------------------------------------------------
     def _json(self, argv: Sequence[str]) -> object:
@@ -123,6 +126,22 @@ class SlurmCli:
         return parse_squeue(self._json(["squeue", "--all", "--json"]))[1]
 
     def nodes(self) -> tuple[Node, ...]:
+        return self._nodes()
+
+    def _nodes(self) -> tuple[Node, ...]:
+        """One Node per node: ``scontrol show nodes --json`` where scontrol has JSON (23.02+); there ``sinfo
+        --json`` groups nodes (CPUs summed, the first node's port, no address). 22.05: ``sinfo --json``."""
+        if self._scontrol_json is not False:
+            try:
+                doc = self._json(["scontrol", "show", "nodes", "--json"])
+            except SlurmCommandError as e:
+                if self._scontrol_json is None and "unrecognized option" in e.message.lower():
+                    self._scontrol_json = False  # 22.05: "scontrol: unrecognized option '--json'"
+                else:
+                    raise
+            else:
+                self._scontrol_json = True
+                return parse_nodes(doc)[1]
         return parse_nodes(self._json(["sinfo", "--json"]))[1]
 
     def partitions(self) -> tuple[Partition, ...]:
@@ -130,7 +149,7 @@ class SlurmCli:
 
     def snapshot(self) -> ClusterSnapshot:
         meta, jobs = parse_squeue(self._json(["squeue", "--all", "--json"]))
-        _, nodes = parse_nodes(self._json(["sinfo", "--json"]))
+        nodes = self._nodes()
         return ClusterSnapshot(
             taken_at=datetime.now(tz=UTC),
             jobs=jobs,
@@ -141,7 +160,7 @@ class SlurmCli:
         )
 
     def job(self, job_id: int) -> Job | None:
-        """One job, or None when Slurm no longer knows it."""
+        """One job, or None when squeue no longer lists it (finished jobs: :meth:`final_states`)."""
         for j in self.jobs():
             if j.job_id == job_id:
                 return j

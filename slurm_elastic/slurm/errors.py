@@ -37,5 +37,10 @@ class SlurmJobNotFoundError(SlurmCommandError):
     """Slurm does not know the job id (or it has already been purged)."""
 
 
+class SlurmInvalidNodeError(SlurmCommandError):
+    """Slurm refused a node name or node list ("Invalid node name specified"): for a job update the job exists,
+    the list is wrong (not a subset of its nodes: an expand, or an unknown node)."""
+
+
 class SlurmPermissionError(SlurmCommandError):
     """Slurm refused the request for lack of privileges (access denied / not owner)."""

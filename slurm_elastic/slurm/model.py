@@ -91,7 +91,7 @@ class Job:
 
 @dataclass(frozen=True)
 class Node:
-    """One Slurm node as sinfo reports it."""
+    """One Slurm node as ``scontrol show nodes --json`` (23.02+) or ``sinfo --json`` (22.05) reports it."""
 
     name: str
     state: str  # base state, upper case: IDLE, MIXED, ALLOCATED, DOWN, ...
@@ -104,6 +104,7 @@ class Node:
     reason: str | None = None
     address: str | None = None
     port: int | None = None
+    slurmd_start_time: datetime | None = None  # when the node's current slurmd started (None: not said)
 
     @property
     def is_drained(self) -> bool:

@@ -8,11 +8,21 @@ Known versions (Slurm release -> plugin):
            (one per partition and node group) instead of ``nodes``; ``meta.slurm`` is lower case.
 Every field may be missing: a missing value becomes ``None`` (or empty), never a guess. A document that is not
 a Slurm reply at all raises :class:`SlurmParseError` with what was wrong.
+
+Differences recorded on live clusters (tests/fixtures/slurm/<release>/recorded):
+* ``sinfo --json`` from 23.02 on groups nodes of equal state into one entry: its ``cpus``/``alloc_cpus`` are the
+  group's sums and its ``port`` the first node's, the address is missing and ``reason`` is an object
+  ``{description, time, user}``. Nodes are therefore read from ``scontrol show nodes --json`` (23.02+), one
+  object per node like 22.05's ``sinfo --json``; a grouped entry is only trusted for what holds for each node.
+* A running job without a time limit gets an ``end_time`` a year out (scontrol: ``EndTime=Unknown``): no end.
+* ``standard_output`` is the raw pattern (22.05, 26.05; relative to the working directory when relative) or
+  already expanded (24.11); both are made absolute against the job's working directory.
 """
 
 from __future__ import annotations
 
 import math
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -128,6 +138,30 @@ def _state(value: Any) -> tuple[str, tuple[str, ...]]:
     return parts[0], tuple(parts[1:])
 
 
+#: Job states after which Slurm's end time is when the job really ended.
+FINAL_JOB_STATES = frozenset({"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+                              "DEADLINE", "OUT_OF_MEMORY", "REVOKED", "SPECIAL_EXIT"})
+
+
+def _end_time(value: Any, state: str, flags: tuple[str, ...], time_limit: int | None) -> datetime | None:
+    """When the job ended or must end. None while pending, and for a live job without a time limit: Slurm
+    reports a year out there (scontrol: ``EndTime=Unknown``)."""
+    if state == "PENDING":
+        return None
+    if time_limit is None and state not in FINAL_JOB_STATES and "COMPLETING" not in flags:
+        return None
+    return _time(value)
+
+
+def _output_path(value: Any, working_dir: str | None) -> str | None:
+    """``--output``/``--error`` as an absolute path (pattern): 22.05 and 26.05 give the raw pattern, relative to
+    the working directory when the user gave it so; 24.11 gives it already expanded and absolute."""
+    path = _str(value)
+    if path is None or posixpath.isabs(path) or not working_dir:
+        return path
+    return posixpath.join(working_dir, path)
+
+
 def _positive_or_none(value: Any) -> int | None:
     n = num(value)
     return n if n else None
@@ -144,6 +178,8 @@ def _job(raw: Any) -> Job:
     het_id = _positive_or_none(j.get("het_job_id"))
     array_job = _positive_or_none(j.get("array_job_id"))
     tres = _str(j.get("tres_per_node"))
+    time_limit = num(j.get("time_limit"))
+    working_dir = _str(j.get("current_working_directory"))
     return Job(
         job_id=job_id,
         name=_str(j.get("name")) or "",
@@ -161,10 +197,10 @@ def _job(raw: Any) -> Job:
         node_count=num(j.get("node_count")) or 0,
         tres_per_node=tres,
         gres_per_node=parse_tres_per_node(tres),
-        time_limit_min=num(j.get("time_limit")),
+        time_limit_min=time_limit,
         submit_time=_time(j.get("submit_time")),
         start_time=_time(j.get("start_time")) if state not in {"PENDING"} else None,
-        end_time=_time(j.get("end_time")) if state not in {"PENDING"} else None,
+        end_time=_end_time(j.get("end_time"), state, flags, time_limit),
         comment=_str(j.get("comment")) or "",
         admin_comment=_str(j.get("admin_comment")) or "",
         het_job_id=het_id,
@@ -172,9 +208,9 @@ def _job(raw: Any) -> Job:
         array_job_id=array_job,
         array_task_id=num(j.get("array_task_id")) if array_job is not None else None,
         batch_flag=bool(j.get("batch_flag", True)),
-        working_dir=_str(j.get("current_working_directory")),
-        standard_output=_str(j.get("standard_output")),
-        standard_error=_str(j.get("standard_error")),
+        working_dir=working_dir,
+        standard_output=_output_path(j.get("standard_output"), working_dir),
+        standard_error=_output_path(j.get("standard_error"), working_dir),
     )
 
 
@@ -189,7 +225,15 @@ def parse_squeue(doc: Any) -> tuple[ReplyMeta, tuple[Job, ...]]:
     return meta, tuple(_job(j) for j in jobs)
 
 
-def _node_v38(n: Mapping[str, Any]) -> Node:
+def _reason(value: Any) -> str | None:
+    """A node's reason: a string (22.05, ``scontrol show nodes``) or ``{description, time, user}`` (sinfo 23.02+)."""
+    if isinstance(value, Mapping):
+        value = value.get("description")
+    return _str(value)
+
+
+def _node(n: Mapping[str, Any]) -> Node:
+    """One node object: 22.05's ``sinfo --json`` ``nodes`` entries and ``scontrol show nodes --json`` (23.02+)."""
     state, flags = _state(n.get("state"))
     extra = n.get("state_flags") or []
     if isinstance(extra, list):
@@ -207,9 +251,10 @@ def _node_v38(n: Mapping[str, Any]) -> Node:
         alloc_cpus=num(n.get("alloc_cpus")),
         gres=parse_gres(_str(n.get("gres"))),
         gres_used=parse_gres(_str(n.get("gres_used"))),
-        reason=_str(n.get("reason")),
+        reason=_reason(n.get("reason")),
         address=_str(n.get("address")),
         port=num(n.get("port")),
+        slurmd_start_time=_time(n.get("slurmd_start_time")),
     )
 
 
@@ -220,32 +265,42 @@ def _sub(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 
 
 def _nodes_from_sinfo_entries(entries: list[Any]) -> tuple[Node, ...]:
-    """23.02+ ``sinfo --json``: entries per (partition, node group); merged into one Node per name."""
+    """23.02+ ``sinfo --json``: entries per (partition, node group); merged into one Node per name.
+
+    An entry of several nodes (plain ``sinfo --json`` groups nodes of equal state) gives sums and the first
+    node's values: its CPUs count only when every node has the same (minimum = maximum), its allocated CPUs
+    and port not at all. ``sinfo -N --json`` gives one entry per node, so every value is that node's."""
     merged: dict[str, Node] = {}
     for raw in entries:
         e = _obj(raw, "sinfo entry")
         names = _sub(e, "nodes").get("nodes") or []
         names = names if isinstance(names, list) else []
+        hosts = [h for name in names for h in hostlist.expand(str(name))]
+        single = len(hosts) == 1
         part = _sub(e, "partition").get("name")
         state, flags = _state(_sub(e, "node").get("state"))
         cpus = _sub(e, "cpus")
         gres = _sub(e, "gres")
-        for name in names:
-            for host in hostlist.expand(str(name)):
-                prev = merged.get(host)
-                partitions = (*(prev.partitions if prev else ()), *([str(part)] if part else ()))
-                merged[host] = Node(
-                    name=host,
-                    state=state,
-                    state_flags=flags,
-                    partitions=tuple(dict.fromkeys(partitions)),
-                    cpus=num(cpus.get("total")) or 0,
-                    alloc_cpus=num(cpus.get("allocated")),
-                    gres=parse_gres(_str(gres.get("total"))),
-                    gres_used=parse_gres(_str(gres.get("used"))),
-                    reason=_str(e.get("reason")) if isinstance(e.get("reason"), (str, type(None))) else None,
-                    port=num(e.get("port")),
-                )
+        if single:
+            cpu_total, cpu_alloc, port = num(cpus.get("total")), num(cpus.get("allocated")), num(e.get("port"))
+        else:
+            low, high = num(cpus.get("minimum")), num(cpus.get("maximum"))
+            cpu_total, cpu_alloc, port = (low if low == high else None), None, None
+        for host in hosts:
+            prev = merged.get(host)
+            partitions = (*(prev.partitions if prev else ()), *([str(part)] if part else ()))
+            merged[host] = Node(
+                name=host,
+                state=state,
+                state_flags=flags,
+                partitions=tuple(dict.fromkeys(partitions)),
+                cpus=cpu_total or 0,
+                alloc_cpus=cpu_alloc,
+                gres=parse_gres(_str(gres.get("total"))),
+                gres_used=parse_gres(_str(gres.get("used"))) if single else (),
+                reason=_reason(e.get("reason")),
+                port=port,
+            )
     return tuple(merged.values())
 
 
@@ -255,7 +310,7 @@ def parse_nodes(doc: Any) -> tuple[ReplyMeta, tuple[Node, ...]]:
     _errors(d)
     meta = parse_meta(d)
     if isinstance(d.get("nodes"), list):
-        return meta, tuple(_node_v38(_obj(n, "node")) for n in d["nodes"])
+        return meta, tuple(_node(_obj(n, "node")) for n in d["nodes"])
     if isinstance(d.get("sinfo"), list):
         return meta, _nodes_from_sinfo_entries(d["sinfo"])
     raise SlurmParseError("sinfo reply: neither 'nodes' nor 'sinfo' is a list")

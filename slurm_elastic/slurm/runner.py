@@ -12,6 +12,7 @@ from typing import Protocol
 
 from slurm_elastic.slurm.errors import (
     SlurmCommandError,
+    SlurmInvalidNodeError,
     SlurmJobNotFoundError,
     SlurmPermissionError,
     SlurmTimeoutError,
@@ -34,7 +35,9 @@ TRANSIENT_PATTERNS = (
     "unable to connect to database",
     "protocol authentication error",
 )
-NOT_FOUND_PATTERNS = ("invalid job id", "job id not found", "does not exist", "invalid node name")
+NOT_FOUND_PATTERNS = ("invalid job id", "job id not found", "does not exist")
+# "Invalid node name specified for job N": the job exists, its node list is wrong (measured on 22.05 to 26.05).
+INVALID_NODE_PATTERNS = ("invalid node name",)
 PERMISSION_PATTERNS = ("access/permission denied", "permission denied", "only root", "user not authorized")
 
 
@@ -87,6 +90,8 @@ def classify(result: CommandResult) -> SlurmCommandError:
     low = msg.lower()
     if any(p in low for p in TRANSIENT_PATTERNS):
         return SlurmTransientError(result.argv, result.returncode, msg)
+    if any(p in low for p in INVALID_NODE_PATTERNS):
+        return SlurmInvalidNodeError(result.argv, result.returncode, msg)
     if any(p in low for p in NOT_FOUND_PATTERNS):
         return SlurmJobNotFoundError(result.argv, result.returncode, msg)
     if any(p in low for p in PERMISSION_PATTERNS):

@@ -28,6 +28,8 @@ PARTITIONS = ("PartitionName=train Default=YES Nodes=n[1-4] PriorityTier=1 State
 
 def recorded_runner(argv: Sequence[str], *, timeout: float, input_text: str | None,
                     env: Mapping[str, str] | None) -> CommandResult:
+    if argv[0] == "scontrol" and "--json" in argv:  # 22.05's scontrol has no JSON (recorded reply)
+        return CommandResult(tuple(argv), 1, "", (FIX / "recorded" / "scontrol-nodes.json.stderr").read_text())
     replies = {"squeue": (FIX / "squeue.json").read_text(), "sinfo": (FIX / "sinfo.json").read_text(),
                "scontrol": PARTITIONS}
     return CommandResult(tuple(argv), 0, replies[argv[0]], "")
