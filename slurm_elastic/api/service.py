@@ -16,9 +16,10 @@ from typing import Any
 from slurm_elastic.api.authz import AccessPolicy, Caller, authorize, check_job_owner
 from slurm_elastic.api.lease_status import controller_state
 from slurm_elastic.api.tomltext import apply_assignments, dumps
+from slurm_elastic.controller.hold_filter import UNCHANGED_SINCE
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.store import SqlStore
-from slurm_elastic.store.records import DecisionFilter, DecisionRecord, ElasticJobRecord, PauseScope
+from slurm_elastic.store.records import CycleRecord, DecisionFilter, DecisionRecord, ElasticJobRecord, PauseScope
 
 #: (policy text, where it came from) used while no version is stored: the controller's policy_file, or defaults.
 BasePolicy = Callable[[], tuple[str, str]]
@@ -69,6 +70,18 @@ def decision_dict(d: DecisionRecord) -> dict[str, Any]:
             "reason": d.reason, "message": d.message, "inputs": d.inputs, "current_nodes": d.current_nodes,
             "target_nodes": d.target_nodes, "signal": d.signal, "profile": d.profile, "paused": d.paused,
             "dry_run": d.dry_run}
+
+
+def standing_hold(newest: DecisionRecord | None, last_cycle: CycleRecord | None) -> dict[str, Any] | None:
+    """The hold a job stands on, when its newest decision is one. Holds are stored when they change and then every
+    ``hold_heartbeat_s``, so that row may be minutes old: ``since`` is when the unchanged hold began, ``recorded``
+    when its newest row was written, ``last_cycle`` when the controller last decided (it would have stored a
+    change since)."""
+    if newest is None or newest.action != "hold":
+        return None
+    since = newest.inputs.get(UNCHANGED_SINCE)
+    return {"reason": newest.reason, "since": since if isinstance(since, str) else _iso(newest.time),
+            "recorded": _iso(newest.time), "last_cycle": _iso(last_cycle.started_at) if last_cycle else None}
 
 
 def _nodes_now(rec: ElasticJobRecord) -> dict[str, Any]:
@@ -174,13 +187,15 @@ class Service:
                 r = resolved[key]
                 settings.append({"key": key, "value": r.value, "source": str(r.provenance)})
         n = _int(args, "last", 10) or 10
-        decisions = [decision_dict(d) for d in self.store.decisions.last_decisions(job_id, n)]
+        records = self.store.decisions.last_decisions(job_id, n)
+        decisions = [decision_dict(d) for d in records]
         pause = self.store.pauses.active_pause(job_id, rec.partition)
         return {"job": job_id, "user": rec.user, "account": rec.account, "partition": rec.partition, "qos": rec.qos,
                 "state": rec.state, "nodes": _nodes_now(rec),
                 "directives": rec.spec, "directives_source": str(rec.spec_source), "directives_error": rec.spec_error,
                 "policy_source": source, "profile_now": cfg.active_profile, "settings": settings,
                 "decisions": decisions,
+                "hold": standing_hold(records[0] if records else None, self.store.decisions.last_cycle()),
                 "paused_by": None if pause is None else {"scope": str(pause.scope), "target": pause.target,
                                                          "who": pause.who, "reason": pause.reason}}
 

@@ -53,7 +53,8 @@ def _based_on(d: dict[str, Any]) -> str:
 
 @click.group("decisions")
 def decisions_cmd() -> None:
-    """The controller's decisions, holds included, with their reasons."""
+    """The controller's decisions with their reasons: every grow and shrink, and each hold when it changes (and
+    every hold_heartbeat_s while it does not)."""
 
 
 @decisions_cmd.command("list")
@@ -125,6 +126,9 @@ def explain_cmd(*, url: str | None, socket_: str | None, job_id: int, last: int,
             ("policy", r["policy_source"]), ("profile_now", r.get("profile_now") or "(none)")]
     if r["directives_error"]:
         head.append(("directives_error", r["directives_error"]))
+    if h := r.get("hold"):  # holds are stored when they change, and every hold_heartbeat_s while unchanged
+        head.append(("hold", f"{h['reason']} unchanged since {_time(h['since'])}, last stored {_time(h['recorded'])}"
+                     + (f", last cycle {_time(h['last_cycle'])}" if h["last_cycle"] else "")))
     if r["paused_by"]:
         p = r["paused_by"]
         head.append(("paused", f"{p['scope']} {p['target']} by {p['who']} {p['reason']}".strip()))

@@ -17,6 +17,7 @@ is ever evaluated as code. Example::
     reconcile_interval_s = 60
     retention_interval_s = 3600
     accounting_refresh_s = 300 # re-read fair-share weights (sshare) and GPU limits (sacctmgr) this often
+    hold_heartbeat_s = 600     # an unchanged hold is stored again this often (0: store every hold, every cycle)
 
     [agents]
     key_file = "/etc/slurm-elastic/agent.key"
@@ -116,6 +117,7 @@ class ControllerConfig:
     reconcile_interval_s: float = 60.0
     retention_interval_s: float = 3600.0
     accounting_refresh_s: float = 300.0  # sshare weights and sacctmgr GPU limits (controller/shares.py)
+    hold_heartbeat_s: float = 600.0  # holds are stored when they change, and this often unchanged (hold_filter.py)
     agents: AgentsConfig = field(default_factory=AgentsConfig)
     extension_env: Mapping[str, str] = field(default_factory=lambda: {"PATH": "/usr/local/bin:/usr/bin:/bin"})
     extension_qos: str = ""  # "" = the leader's QOS (see docs/controller.md, "Slurm-side losses")
@@ -148,6 +150,7 @@ _CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] |
     "reconcile_interval_s": ((int, float), (1, 86400)),
     "retention_interval_s": ((int, float), (10, 864000)),
     "accounting_refresh_s": ((int, float), (1, 86400)),
+    "hold_heartbeat_s": ((int, float), (0, 86400)),
 }
 _RETENTION_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
     f"{k}_days": (int, (0, 36500)) for k in ("samples", "decisions", "actions", "jobs", "cycles")
@@ -279,6 +282,7 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
         reconcile_interval_s=float(ctl.get("reconcile_interval_s", 60.0)),
         retention_interval_s=float(ctl.get("retention_interval_s", 3600.0)),
         accounting_refresh_s=float(ctl.get("accounting_refresh_s", 300.0)),
+        hold_heartbeat_s=float(ctl.get("hold_heartbeat_s", ControllerConfig.hold_heartbeat_s)),
         agents=AgentsConfig(
             key_file=Path(key_file) if key_file else None,
             url_template=template,

@@ -1,9 +1,10 @@
 """One controller cycle, and reconcile: the imperative shell around the pure policy.
 
 A cycle: hold the lease -> snapshot Slurm (refuse to act on an old one) -> finish shrinks whose grace is over ->
-build the elastic units -> collect agent metrics and store one sample per unit -> decide (pure) -> record every
-decision, holds included -> act on the rest (journaled; never in dry-run, never without the lease, never twice
-for a unit that has an action in flight). One unit's failure never stops the cycle.
+build the elastic units -> collect agent metrics and store one sample per unit -> decide (pure) -> record the
+decisions (every grow and shrink; a hold when it changed, else every hold_heartbeat_s: hold_filter.py) -> act on
+the rest (journaled; never in dry-run, never without the lease, never twice for a unit that has an action in
+flight). One unit's failure never stops the cycle.
 
 Reconcile (on start and periodically): resolve dangling grow intents by looking for their idempotency key in
 Slurm (found: applied; absent: aborted -- never resubmitted blindly), cancel extension jobs whose leader is gone,
@@ -24,6 +25,7 @@ from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.extension import orphaned_extensions, parse_tag
 from slurm_elastic.controller.goodput import GoodputReader, StoreJournal
+from slurm_elastic.controller.hold_filter import HoldFilter
 from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import SLURM_LOSS_STATES, LossRecorder
 from slurm_elastic.controller.metrics import ControllerMetrics
@@ -98,6 +100,7 @@ class Controller:
         self.actuator = actuator or Actuator(slurm, store, cfg.extension_env, extension_qos=cfg.extension_qos,
                                              notice_grace_s=cfg.notice_grace_s)
         self.losses = LossRecorder(store)  # extensions Slurm took away: preemption, node failure (losses.py)
+        self.holds = HoldFilter(cfg.hold_heartbeat_s)  # holds are stored by change (hold_filter.py)
         self.specs = SpecCache()
         self.admits = AdmitFollower(verify_s=max(60.0, 5 * cfg.interval_s))  # did shrink-to-admit work?
         self._sacct_failing = False
@@ -210,6 +213,7 @@ class Controller:
                                        fencing=token):
             if self.metrics is not None:
                 self.metrics.decisions.labels(lost.action, lost.reason).inc()
+            self.holds.forget(lost.job_id)
         open_by_unit = self._finish_pending_shrinks(snap, units, ctx, summary)
         recent = self.store.journal.list_actions(since=now - timedelta(days=1))  # newest first
         last_hour = [a for a in recent if a.created_at >= now - timedelta(hours=1)]
@@ -226,11 +230,13 @@ class Controller:
             self._cycle_metrics(self.metrics, snap, built.units, utilization, decisions, now=now)
         blocked = self._blocked(decisions, open_by_unit, now)
         new = [self._new_decision(d, blocked.get(d.unit_id)) for d in decisions]
-        ids = self.store.decisions.record_decisions(summary.cycle_id or 0, new, fencing=token)
+        recorded = self.holds.record(self.store, summary.cycle_id or 0, new, now, fencing=token)
+        if self.metrics is not None:
+            self.metrics.holds_unchanged.inc(recorded.skipped)
         if self.cfg.dry_run:
             return
-        for d, decision_id in zip(decisions, ids, strict=True):
-            if d.action == Action.HOLD or d.unit_id in blocked:
+        for d, decision_id in zip(decisions, recorded.ids, strict=True):
+            if d.action == Action.HOLD or d.unit_id in blocked or decision_id is None:
                 continue
             try:
                 if d.action == Action.GROW and d.grow is not None:

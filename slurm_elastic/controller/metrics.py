@@ -64,8 +64,12 @@ class ControllerMetrics:
         self.cycles = Counter(f"{PREFIX}_cycles", "Cycles run, by result (ok, skipped, error).", ["result"],
                               registry=r)
         self.last_cycle = Gauge(f"{PREFIX}_last_cycle_timestamp_seconds", "End of the latest cycle.", registry=r)
-        self.decisions = Counter(f"{PREFIX}_decisions", "Decisions recorded, by action and reason.",
-                                 ["action", "reason"], registry=r)
+        self.decisions = Counter(f"{PREFIX}_decisions", "Decisions taken, by action and reason (every unit, every "
+                                 "cycle, holds included, whether or not the hold was stored).", ["action", "reason"],
+                                 registry=r)
+        self.holds_unchanged = Counter(f"{PREFIX}_holds_unchanged", "Holds not stored: nothing that matters "
+                                       "changed since the unit's last stored hold (controller/hold_filter.py).",
+                                       registry=r)
         self.actions = Counter(f"{PREFIX}_actions", "Actions the controller carried out, by kind and outcome.",
                                ["action", "outcome"], registry=r)
         self.admits = Counter(f"{PREFIX}_admits", "Pending jobs a shrink-to-admit was for, by what became of them "

@@ -25,7 +25,7 @@ from slurm_elastic.slurm.errors import SlurmCommandError, SlurmJobNotFoundError,
 from slurm_elastic.slurm.model import Job
 from slurm_elastic.slurm.runner import subprocess_runner
 from slurm_elastic.store import SqlStore
-from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
+from slurm_elastic.store.records import ActionKind, ActionState
 from tests.unit.storehelpers import FakeClock, file_store, memory_store
 from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
 from tests.unit.test_store_failures import tiny_fs  # noqa: F401 - the 1 MiB tmpfs fixture
@@ -121,8 +121,9 @@ def test_shrink_refused_records_slurms_message(error: SlurmCommandError, expecte
     assert shrinks and shrinks[0].state == expected and error.message in (shrinks[0].message or "")
     assert slurm.calls.count(("refused-shrink", 20)) == 1  # not retried: not transient
     refused_at = max(a.finished_at or a.created_at for a in shrinks)
-    later = store.decisions.list_decisions(DecisionFilter(job_id=21))
-    assert any(d.time > refused_at for d in later)  # the cycles went on for job 21
+    cycle = store.decisions.last_cycle()  # the cycles went on, job 21 decided in each (its holds stored by change)
+    assert cycle is not None and cycle.started_at > refused_at and cycle.error is None and cycle.decisions == 2
+    assert store.decisions.last_decisions(21, 1)
 
 
 # --- F5: DB trouble -------------------------------------------------------------------------------------------------
