@@ -27,12 +27,11 @@ from slurm_elastic.controller.extension import orphaned_extensions, parse_tag
 from slurm_elastic.controller.goodput import GoodputReader, StoreJournal
 from slurm_elastic.controller.hold_filter import HoldFilter
 from slurm_elastic.controller.lease import hold_lease, this_process
-from slurm_elastic.controller.losses import SLURM_LOSS_STATES, LossRecorder
+from slurm_elastic.controller.losses import LossRecorder
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.controller.shares import AccountingCache
 from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units
-from slurm_elastic.controller.utilization import utilization_from_samples, window_query_start
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import (
     Action,
@@ -42,12 +41,13 @@ from slurm_elastic.policy import (
     JobUtilization,
     Outcome,
     PolicyConfig,
-    PolicyInput,
     ResizeRecord,
     decide,
     parse_config,
-    resolve_unit,
 )
+from slurm_elastic.policy.holds import LOOKBACK_S as BACKOFF_LOOKBACK_S
+from slurm_elastic.policy.inputs import PolicyInputBuilder, UnitMeasure
+from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
 from slurm_elastic.slurm.adapter import FinalStateReader, SlurmCli
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
@@ -62,6 +62,7 @@ from slurm_elastic.store.records import (
     JobObservation,
     NewDecision,
     NewSample,
+    SampleRecord,
     SpecSource,
 )
 
@@ -69,8 +70,6 @@ log = logging.getLogger(__name__)
 
 Collector = Callable[[Mapping[str, str]], CollectResult]
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING"}
-EXTENSION_ENDS_BY_US = {"CANCELLED", "COMPLETED"}  # our own cancels (shrink, orphan) and normal ends
-EXTENSION_SHORT_LIFE_S = 600.0
 _KIND_ACTION = {ActionKind.GROW: Action.GROW, ActionKind.SHRINK: Action.SHRINK,
                 ActionKind.CANCEL_EXTENSION: Action.SHRINK}
 _STATE_OUTCOME = {ActionState.APPLIED: Outcome.APPLIED, ActionState.FAILED: Outcome.FAILED,
@@ -220,23 +219,27 @@ class Controller:
         for admitted in self.admits.follow(last_hour, snap, now):
             if self.metrics is not None:
                 self.metrics.admits.labels(admitted.outcome).inc()
-        utilization = self._utilization(snap, built.units, now)
-        history = self._history(recent, units) + self.losses.history(units, now)
         policy = with_paused_jobs(self.policy, paused_units(built.units, self.store.pauses.list_pauses()))
-        decisions = decide(PolicyInput(snap, tuple(built.units), utilization, history, self.accounting.shares(),
-                                       self.accounting.gpu_limits(), self.cfg.extension_qos or None), policy, now)
+        builder = PolicyInputBuilder(policy, now, self.cfg.interval_s)
+        samples, measures = self._measure(snap, built.units, builder)
+        inp = builder.build(
+            snap, built.units, samples=samples, measures=measures,
+            history=self._history(recent, units) + self.losses.history(units, now),
+            in_progress=[ActionInProgress(unit_id, str(a.kind), a.created_at) for unit_id, a in open_by_unit.items()],
+            extension_ends=self._extension_ends(now), account_shares=self.accounting.shares(),
+            gpu_limits=self.accounting.gpu_limits(), extension_qos=self.cfg.extension_qos or None)
+        decisions = decide(inp, policy, now)
         summary.decisions = decisions
         if self.metrics is not None:
-            self._cycle_metrics(self.metrics, snap, built.units, utilization, decisions, now=now)
-        blocked = self._blocked(decisions, open_by_unit, now)
-        new = [self._new_decision(d, blocked.get(d.unit_id)) for d in decisions]
+            self._cycle_metrics(self.metrics, snap, built.units, inp.utilization, decisions, now=now)
+        new = [self._new_decision(d) for d in decisions]
         recorded = self.holds.record(self.store, summary.cycle_id or 0, new, now, fencing=token)
         if self.metrics is not None:
             self.metrics.holds_unchanged.inc(recorded.skipped)
         if self.cfg.dry_run:
             return
         for d, decision_id in zip(decisions, recorded.ids, strict=True):
-            if d.action == Action.HOLD or d.unit_id in blocked or decision_id is None:
+            if d.action == Action.HOLD or decision_id is None:
                 continue
             try:
                 if d.action == Action.GROW and d.grow is not None:
@@ -310,8 +313,10 @@ class Controller:
             parts.extend((e.job_id, n) for n in e.nodes)
         return parts
 
-    def _utilization(self, snap: ClusterSnapshot, units: tuple[ElasticUnit, ...],
-                     now: datetime) -> dict[int, JobUtilization]:
+    def _measure(self, snap: ClusterSnapshot, units: tuple[ElasticUnit, ...], builder: PolicyInputBuilder
+                 ) -> tuple[dict[int, list[SampleRecord]], dict[int, UnitMeasure]]:
+        """The I/O behind the units' utilization: ask every agent, store one sample per unit, read back each
+        unit's samples of its window and, where its settings use it, the goodput the job published."""
         agents = {n.name: self.cfg.agents.url_for(n.name, n.address) for n in snap.nodes}
         result = self.collector(agents) if units else CollectResult({}, {})
         for node, report in result.reports.items():
@@ -321,12 +326,11 @@ class Controller:
             self.store.agents.agent_failed(node, url=agents[node], error=err)
             if self.metrics is not None:
                 self.metrics.scrape_errors.labels(node).inc()
-        out: dict[int, JobUtilization] = {}
-        samples: list[NewSample] = []
-        merged_by_unit = {}
+        new: list[NewSample] = []
+        measures: dict[int, UnitMeasure] = {}
         for u in units:
             merged = merge_job(u.unit_id, self._unit_parts(u), result.reports)
-            merged_by_unit[u.unit_id] = merged
+            measures[u.unit_id] = UnitMeasure(merged.gpus_allocated, merged.gpus_in_use)
             # Partial coverage stores nothing: a silent agent must make metrics stale, not skew them.
             if merged.coverage < 1.0 or merged.util_mean_percent is None or merged.last_sample_at is None:
                 continue
@@ -334,20 +338,26 @@ class Controller:
             if self._last_sample.get(u.unit_id) is not None and at <= self._last_sample[u.unit_id]:
                 continue  # the agent has nothing newer
             self._last_sample[u.unit_id] = at
-            samples.append(NewSample(job_id=u.unit_id, time=at, util_mean=merged.util_mean_percent,
-                                     util_max=merged.util_max_percent or merged.util_mean_percent,
-                                     gpus_alloc=merged.gpus_allocated, gpus_in_use=merged.gpus_in_use,
-                                     sample_count=merged.sample_count))
-        if samples:
-            self.store.samples.add_samples(samples)
+            new.append(NewSample(job_id=u.unit_id, time=at, util_mean=merged.util_mean_percent,
+                                 util_max=merged.util_max_percent or merged.util_mean_percent,
+                                 gpus_alloc=merged.gpus_allocated, gpus_in_use=merged.gpus_in_use,
+                                 sample_count=merged.sample_count))
+        if new:
+            self.store.samples.add_samples(new)
+        samples: dict[int, list[SampleRecord]] = {}
         for u in units:
-            window = resolve_unit(self.policy, u).window_s
-            rows = self.store.samples.samples(u.unit_id, since=window_query_start(now, window, self.cfg.interval_s))
-            m = merged_by_unit[u.unit_id]
-            util = utilization_from_samples(u.unit_id, rows, m.gpus_allocated, m.gpus_in_use)
-            if util is not None:
-                out[u.unit_id] = self.goodput.attach(u, util, resolve_unit(self.policy, u), now)
-        return out
+            reads = builder.reads(u)
+            rows = samples[u.unit_id] = self.store.samples.samples(u.unit_id, since=reads.since)
+            if rows and reads.goodput and (found := self.goodput.read_unit(u, builder.now)) is not None:
+                measures[u.unit_id] = replace(measures[u.unit_id], throughput=found.samples,
+                                              restart_s=found.restart_s)
+        return samples, measures
+
+    def _extension_ends(self, now: datetime) -> list[ExtensionEnd]:
+        """The extension jobs that ended within the grow back-off's look-back (policy/holds.py)."""
+        since = now - timedelta(seconds=BACKOFF_LOOKBACK_S)
+        return [ExtensionEnd(e.parent_job_id, e.job_id, e.state, e.created_at, e.ended_at)
+                for e in self.store.jobs.extensions(active_only=False, ended_since=since) if e.ended_at is not None]
 
     def _history(self, actions: Sequence[ActionRecord], units: Mapping[int, ElasticUnit]) -> tuple[ResizeRecord, ...]:
         """The units' resizes among ``actions`` (the journal of the last day) as the policy's history."""
@@ -390,43 +400,9 @@ class Controller:
                 log.info("job %d: shrink after grace -> %s", action.job_id, outcome)
         return still_open
 
-    def _blocked(self, decisions: list[Decision], open_by_unit: Mapping[int, ActionRecord],
-                 now: datetime) -> dict[int, str]:
-        """Actions the shell will not carry out this cycle, and why (recorded with the decision)."""
-        blocked: dict[int, str] = {}
-        for d in decisions:
-            if d.action == Action.HOLD:
-                continue
-            if d.unit_id in open_by_unit:
-                blocked[d.unit_id] = f"action {open_by_unit[d.unit_id].id} still in progress"
-            elif d.action == Action.GROW and (why := self._grow_backoff(d.unit_id, now)):
-                blocked[d.unit_id] = why
-        return blocked
-
-    def _grow_backoff(self, unit_id: int, now: datetime) -> str | None:
-        """After extension jobs die on their own (a bad script, an output they cannot open, a failing node),
-        growing again at once would only repeat it: wait 60 s, doubling per failure in the last hour (max 1 h).
-        Slurm-side losses (PREEMPTED, NODE_FAIL) are no failure of the job: they are recorded decisions whose
-        cooldown is the only wait (controller/losses.py)."""
-        failures = [e for e in self.store.jobs.extensions(unit_id, active_only=False)
-                    if e.ended_at is not None and e.ended_at > now - timedelta(hours=1)
-                    and e.state not in EXTENSION_ENDS_BY_US and e.state not in SLURM_LOSS_STATES
-                    and (e.ended_at - e.created_at).total_seconds() < EXTENSION_SHORT_LIFE_S]
-        if not failures:
-            return None
-        wait = min(3600.0, 60.0 * 2 ** (len(failures) - 1))
-        last = max(e.ended_at for e in failures if e.ended_at is not None)
-        left = wait - (now - last).total_seconds()
-        if left <= 0:
-            return None
-        return (f"{len(failures)} extension job(s) ended on their own within {EXTENSION_SHORT_LIFE_S:.0f}s "
-                f"(last {failures[0].job_id}: {failures[0].state}); next grow in {left:.0f}s")
-
-    def _new_decision(self, d: Decision, not_acted: str | None) -> NewDecision:
+    def _new_decision(self, d: Decision) -> NewDecision:
         inputs = dict(d.inputs)
         inputs["basis"] = str(d.basis)
-        if not_acted:
-            inputs["not_acted"] = not_acted
         return NewDecision(job_id=d.unit_id, action=str(d.action), reason=str(d.reason), message=d.message,
                            inputs=inputs, current_nodes=d.current_nodes, target_nodes=d.target_nodes,
                            signal=d.signal, profile=d.profile, paused=d.reason == "PAUSED",

@@ -1,6 +1,6 @@
 """``decide``: one decision per elastic unit, from the snapshot, metrics, history, config and the time.
 
-The cycle has four phases, each pure:
+The cycle has five phases, each pure:
 
 1. **Evaluate** every unit on its own (:func:`_evaluate`): protections (not running, startup, cooldown),
    bounds, the metrics gate (no, stale or too few metrics: hold, never shrink), the hysteresis band, goodput,
@@ -17,6 +17,8 @@ The cycle has four phases, each pure:
    and grow plans (one extension job spanning the granted nodes).
 4. **Cap** the actions: the first ``max_actions_per_cycle`` by priority (then unit id) go ahead, the rest
    hold with ACTION_CAP. A capped grow's nodes simply stay free for the next cycle.
+5. **Hold** what the shell's state forbids (policy/holds.py): an action of a unit whose earlier action is not
+   finished (ACTION_IN_PROGRESS), a grow of a unit whose extension jobs keep dying on their own (GROW_BACKOFF).
 
 Everything is ordered explicitly (priority, then ids, natural node names), so the same input gives the same
 output whatever the order of units, jobs and nodes in it.
@@ -31,6 +33,7 @@ from types import MappingProxyType
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver
 from slurm_elastic.policy.errors import PolicyInputError
 from slurm_elastic.policy.evaluate import evaluate
+from slurm_elastic.policy.holds import hold_blocked
 from slurm_elastic.policy.model import Decision, GrowPlan, PolicyInput, ResizeRecord, ShrinkPlan
 from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.policy.shrink import plan_shrink, time_limit_extension_s, time_limit_giveback_s
@@ -71,7 +74,8 @@ def decide(inp: PolicyInput, cfg: PolicyConfig, now: datetime) -> list[Decision]
     works = [evaluate(unit, ctx) for unit in sorted(inp.units, key=lambda u: u.unit_id)]
     Walk(inp, ctx, works, admit_at).run()
     decisions = [_build(w, ctx) for w in works]
-    return sorted(_cap(decisions, cfg.max_actions_per_cycle), key=lambda d: d.unit_id)
+    held = hold_blocked(_cap(decisions, cfg.max_actions_per_cycle), inp, now)
+    return sorted(held, key=lambda d: d.unit_id)
 
 
 def _latest(table: dict[int, datetime], key: int, when: datetime) -> None:

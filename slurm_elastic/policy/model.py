@@ -199,12 +199,36 @@ class ResizeRecord:
 
 
 @dataclass(frozen=True)
+class ActionInProgress:
+    """An action of the shell's for ``unit_id`` that is not finished yet (a shrink in its grace period, a grow
+    being submitted): ``kind`` is what it does (``grow``, ``shrink``, ``cancel_extension``, ...), ``since`` when
+    it was decided. The unit takes no other action meanwhile (ACTION_IN_PROGRESS)."""
+
+    unit_id: int
+    kind: str
+    since: datetime
+
+
+@dataclass(frozen=True)
+class ExtensionEnd:
+    """An extension job of ``unit_id`` that has ended: with its Slurm state and when it was submitted and ended,
+    the grow back-off tells a job that died on its own from one that was cancelled or lost to Slurm."""
+
+    unit_id: int
+    job_id: int
+    state: str  # Slurm base state it ended in (FAILED, CANCELLED, PREEMPTED, ...), or ENDED when unknown
+    submitted_at: datetime
+    ended_at: datetime
+
+
+@dataclass(frozen=True)
 class PolicyInput:
     """Everything ``decide`` looks at besides the config and the time.
 
     Pending jobs, nodes and partitions come from ``snapshot``. ``utilization`` is keyed by unit id (a unit
     without an entry has NO_METRICS). ``account_shares`` are the accounts' weights for fair share (sshare's
-    normalized shares or fair-share factors; only ratios matter).
+    normalized shares or fair-share factors; only ratios matter). The controller and the simulator build it
+    with :class:`~slurm_elastic.policy.inputs.PolicyInputBuilder`, from the same kinds of facts.
     """
 
     snapshot: ClusterSnapshot
@@ -217,6 +241,11 @@ class PolicyInput:
     #: The QOS extension jobs are submitted in (``[extension] qos``, e.g. a preemptible scavenger QOS); None:
     #: the leader's. QOS quotas and Slurm's QOS GPU limits are checked against the QOS the extension runs in.
     extension_qos: str | None = None
+    #: The shell's unfinished actions: such a unit's action is held (ACTION_IN_PROGRESS, policy/holds.py).
+    in_progress: tuple[ActionInProgress, ...] = ()
+    #: The units' extension jobs that ended lately: grows back off after ones that died on their own
+    #: (GROW_BACKOFF, policy/holds.py).
+    extension_ends: tuple[ExtensionEnd, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,9 @@ class Reason(enum.StrEnum):
     # Slurm-side losses (issue 9): recorded by the controller's shell (controller/losses.py), never by decide()
     PREEMPTED_BY_SLURM = "PREEMPTED_BY_SLURM"
     NODE_FAILURE = "NODE_FAILURE"
+    # the shell's state: an unfinished action, extension jobs that die on their own (policy/holds.py)
+    ACTION_IN_PROGRESS = "ACTION_IN_PROGRESS"
+    GROW_BACKOFF = "GROW_BACKOFF"
 
 
 #: Reasons the controller's shell records (controller/losses.py) and ``decide()`` never returns.
@@ -114,6 +117,10 @@ REASON_DOCS: dict[Reason, str] = {
     "PREEMPTED); counts as a resize, so the cooldown follows",
     Reason.NODE_FAILURE: "shrink, recorded by the controller: a node under an extension job went DOWN (or the "
     "job ended NODE_FAIL); counts as a resize, so the cooldown follows",
+    Reason.ACTION_IN_PROGRESS: "hold: would grow or shrink, but an earlier action of the unit is not finished "
+    "(e.g. a shrink in its grace period)",
+    Reason.GROW_BACKOFF: "hold: would grow, but extension jobs of the unit ended on their own within 600 s of "
+    "submission: 60 s after the last one, doubling per such end in the last hour (at most 1 h)",
 }
 
 

@@ -25,11 +25,13 @@ Modelling rules (docs/simulator.md, "The production policy in the simulator", sa
   and shrinks from the most recently added, which is the policy's removal order).
 * **Metrics.** One utilization sample per cycle and unit, as the controller stores: the time-weighted mean of
   the modelled GPU utilization (compute / step time incl. sync; 0 while starting or restarting) since the
-  previous cycle, in percent. The policy gets the samples from ``window_s + interval`` back (the controller's
-  query window), so ``window_s`` counts as filled once samples span it. Each cycle in which the job computed,
-  it also "publishes" its throughput (the model's samples/s on its current shape, through the goodput API),
-  tagged with its node count; the last ``THROUGHPUT_KEEP`` samples per size are kept. After the job's first
-  resize its observed restart time (the simulator's resize cost) is reported as ``restart_s``.
+  previous cycle, in percent. The policy input is built by the controller's builder
+  (:class:`~slurm_elastic.policy.inputs.PolicyInputBuilder`): samples from ``window_s + 2 x interval`` back,
+  so ``window_s`` counts as filled once samples span it, goodput only where the settings use it. Each cycle
+  in which the job computed, it also "publishes" its throughput (the model's samples/s on its current shape,
+  through the goodput API), tagged with its node count; the last ``THROUGHPUT_KEEP`` samples per size are
+  kept. After the job's first resize its observed restart time (the simulator's resize cost) is reported as
+  ``restart_s``.
 * **Time limits.** The policy sees the time limit the base scheduler trusts (``--walltime-factor`` times the
   modelled runtime at the requested size, or the trace's own), as Slurm would; ``AdapterSettings(time_limits=
   False)`` shows every job as UNLIMITED instead. A shrink's ``time_limit_add_s`` (extend_time_limit_on_shrink)
@@ -37,7 +39,8 @@ Modelling rules (docs/simulator.md, "The production policy in the simulator", sa
   TimeLimit=``, so the policy and the base scheduler's backfill both see the new limit. The simulator never
   kills a job that overruns its limit (the optimistic case).
 * **Grace.** A shrink is applied ``grace_s`` after the decision (the job gets its signal, then loses nodes),
-  at the first cycle at or after that; the unit takes no other decision meanwhile.
+  at the first cycle at or after that; meanwhile it is an action in progress, so the policy holds the unit's
+  other actions (ACTION_IN_PROGRESS), as it does for the controller's open actions.
 * **History.** Each action is journalled at decision time (any outcome starts the cooldown), then marked
   applied or failed once the engine's next snapshot shows whether it happened; a SHRINK_TO_ADMIT records the
   pending jobs it was for, so the admit back-off works.
@@ -62,18 +65,17 @@ from slurm_elastic.policy import (
     Decision,
     ElasticUnit,
     ExtensionJob,
-    JobUtilization,
     Outcome,
     PolicyConfig,
-    PolicyInput,
     Reason,
     ResizeRecord,
     ThroughputSample,
     decide,
     default_config,
     parse_config,
-    resolve_unit,
 )
+from slurm_elastic.policy.inputs import PolicyInputBuilder, Sample, UnitMeasure
+from slurm_elastic.policy.model import ActionInProgress
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import ClusterSnapshot, JobView, ResizeRequest
 from slurm_elastic.sim.errors import SimulationError
@@ -199,7 +201,7 @@ class _Unit:
     nodes: tuple[int, ...]
     last_t: float
     exts: list[_Extension] = field(default_factory=list)
-    samples: deque[tuple[float, float]] = field(default_factory=deque)
+    samples: deque[Sample] = field(default_factory=deque)
     throughput: dict[int, deque[ThroughputSample]] = field(default_factory=dict)
     leader_job: Job | None = None
     restarted: bool = False
@@ -233,7 +235,6 @@ class ProductionPolicy:
         self._admits: dict[int, ResizeRecord] = {}
         self._next_ext = EXTENSION_ID_BASE
         self._nodes: dict[tuple[int, int, int], Node] = {}
-        self._windows: dict[tuple[str | None, str | None], float] = {}
         self._last_now: float | None = None
 
     # ------------------------------------------------------------------ the hook
@@ -249,7 +250,8 @@ class ProductionPolicy:
         for view in pending:
             self._id(view.job_id)
         self._observe(running, now)
-        units, utilization, jobs = self._units_input(running, now, t)
+        builder = PolicyInputBuilder(self.cfg, t, self.sim.interval)
+        units, samples, measures, jobs = self._units_input(running, builder)
         head = True
         for view in pending:
             jobs.append(build_job(view, self._ids[view.job_id], age_priority(now - view.submit_time),
@@ -262,7 +264,11 @@ class ProductionPolicy:
         )
         history = tuple({id(r): r for r in (*self._last_any.values(), *self._last_grow.values(),
                                             *self._admits.values())}.values())
-        decisions = decide(PolicyInput(slurm, tuple(units), utilization, history), self.cfg, t)
+        in_progress = [ActionInProgress(f.record.unit_id, str(f.record.action), f.record.at)
+                       for f in self._inflight.values()]
+        inp = builder.build(slurm, units, samples=samples, measures=measures, history=history,
+                            in_progress=in_progress)
+        decisions = decide(inp, self.cfg, t)
         return self._act(decisions, now, t)
 
     # ------------------------------------------------------------------ bookkeeping
@@ -352,7 +358,8 @@ class ProductionPolicy:
         if span <= 0:
             return
         busy = 0.0 if view.restarting_until is not None else max(0.0, now - max(unit.last_t, self._ready(view)))
-        unit.samples.append((now, 100.0 * view.gpu_util * busy / span))
+        value = 100.0 * view.gpu_util * busy / span
+        unit.samples.append(Sample(at(now), value, value))
         if busy > 0 and view.throughput > 0:
             per_size = unit.throughput.setdefault(view.num_nodes, deque(maxlen=THROUGHPUT_KEEP))
             per_size.append(ThroughputSample(at(now), view.num_nodes, view.throughput))
@@ -384,18 +391,13 @@ class ProductionPolicy:
 
     # ------------------------------------------------------------------ policy input
 
-    def _window(self, unit: ElasticUnit, t: datetime) -> float:
-        cfg = self.cfg.at(t)
-        key = (cfg.active_profile, unit.job.account)
-        found = self._windows.get(key)
-        if found is None:
-            found = self._windows[key] = float(resolve_unit(cfg, unit).window_s)
-        return found
-
-    def _units_input(self, running: list[JobView], now: float, t: datetime) -> tuple[
-            list[ElasticUnit], dict[int, JobUtilization], list[Job]]:
+    def _units_input(self, running: list[JobView], builder: PolicyInputBuilder) -> tuple[
+            list[ElasticUnit], dict[int, deque[Sample]], dict[int, UnitMeasure], list[Job]]:
+        """The running units, their samples (trimmed to the window the builder reads) and measures, and the
+        Slurm jobs that stand for them (leaders and extension jobs)."""
         units: list[ElasticUnit] = []
-        utilization: dict[int, JobUtilization] = {}
+        samples: dict[int, deque[Sample]] = {}
+        measures: dict[int, UnitMeasure] = {}
         jobs: list[Job] = []
         for view in running:
             state = self._units[view.job_id]
@@ -406,23 +408,18 @@ class ProductionPolicy:
             exts = tuple(ExtensionJob(e.job_id, "RUNNING", tuple(e.nodes), len(e.nodes), e.start, e.start, e.nodes[0])
                          for e in state.exts)
             jobs.extend(e.job for e in state.exts)
-            unit = ElasticUnit(state.leader_job, state.spec, exts, submitted_nodes=state.start_nodes,
+            unit = ElasticUnit(state.leader_job, state.spec, exts,  # max is explicit: no submitted_nodes
                                time_limit_added_s=state.time_limit_added_s)
             units.append(unit)
-            oldest = now - self._window(unit, t) - self.sim.interval
-            while state.samples and state.samples[0][0] < oldest:
+            since = builder.reads(unit).since
+            while state.samples and state.samples[0].time < since:
                 state.samples.popleft()
-            if state.samples:
-                values = [v for _, v in state.samples]
-                utilization[state.job_id] = JobUtilization(
-                    unit_id=state.job_id, mean_util=sum(values) / len(values), max_util=max(values),
-                    window_s=state.samples[-1][0] - state.samples[0][0], samples=len(values),
-                    last_sample_at=at(state.samples[-1][0]), gpus_allocated=view.num_gpus,
-                    gpus_in_use=round(view.num_gpus * view.gpu_util),
-                    throughput=tuple(s for q in state.throughput.values() for s in q),
-                    restart_s=self.sim.resize_cost if state.restarted else None,
-                )
-        return units, utilization, jobs
+            samples[state.job_id] = state.samples
+            measures[state.job_id] = UnitMeasure(
+                gpus_allocated=view.num_gpus, gpus_in_use=round(view.num_gpus * view.gpu_util),
+                throughput=tuple(s for q in state.throughput.values() for s in q),
+                restart_s=self.sim.resize_cost if state.restarted else None)
+        return units, samples, measures, jobs
 
     def _slurm_nodes(self, snapshot: ClusterSnapshot) -> tuple[Node, ...]:
         out: list[Node] = []
@@ -440,7 +437,7 @@ class ProductionPolicy:
         out: list[ResizeRequest] = []
         for d in decisions:
             trace_id = self._trace_ids[d.unit_id]
-            if d.action is Action.HOLD or trace_id in self._inflight:
+            if d.action is Action.HOLD:  # incl. units with an action in flight (ACTION_IN_PROGRESS)
                 continue
             admits = d.shrink.admit_basis if d.shrink is not None and d.reason is Reason.SHRINK_TO_ADMIT else ()
             record = ResizeRecord(at=t, unit_id=d.unit_id, action=d.action, from_nodes=d.current_nodes,

@@ -234,8 +234,10 @@ def test_grow_backs_off_after_extensions_die_on_their_own(world: tuple) -> None:
     assert len([c for c in slurm.calls if c[0] == "submit"]) == 1
     from slurm_elastic.store.records import DecisionFilter
 
-    grows = store.decisions.list_decisions(DecisionFilter(job_id=60, action="grow"))
-    assert any("ended on their own" in str(d.inputs.get("not_acted", "")) for d in grows)
+    held = store.decisions.list_decisions(DecisionFilter(job_id=60, reason="GROW_BACKOFF"))
+    assert held and all(d.action == "hold" and d.inputs["would"] == "OVERUTILIZED" for d in held)
+    assert "1 extension job(s) ended on their own within 600s" in held[0].message
+    assert held[0].inputs["extension_failures"] == 1 and held[0].inputs["last_failed_extension"] == ext_id
 
 
 @pytest.mark.parametrize("text,match", [

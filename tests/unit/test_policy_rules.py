@@ -6,15 +6,17 @@ A meta-test checks that every Reason has a case here, so a new code can not be a
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
 
 from slurm_elastic.policy import Action, Basis, Decision, PolicyConfig, PolicyInput, Reason, decide
+from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
 from slurm_elastic.policy.reasons import SHELL_REASONS
 from tests.unit.policy_builders import (
     NOW,
+    ago,
     cfg,
     ext,
     job,
@@ -109,6 +111,16 @@ def reclaim() -> tuple[PolicyInput, PolicyConfig]:
     return inp, cfg(partition={"gpu": {"free_node_reserve": 2, "reclaim_reserve": True}})
 
 
+def in_progress() -> tuple[PolicyInput, PolicyConfig]:
+    inp, config = one(12, leader=("n1", "n2"))
+    return replace(inp, in_progress=(ActionInProgress(100, "shrink", ago(90)),)), config
+
+
+def backoff() -> tuple[PolicyInput, PolicyConfig]:
+    inp, config = one(95)
+    return replace(inp, extension_ends=(ExtensionEnd(100, 500, "FAILED", ago(60), ago(45)),)), config
+
+
 def invalid() -> tuple[PolicyInput, PolicyConfig]:
     u = unit(job(100, nodes=("n1",)), scale_up_above=50)  # directive 50, site scale_down_below 60
     return make_input([u], nodes(2, busy=["n1"]), utils=[util(100, 55)]), cfg(scale_down_below=60)
@@ -178,6 +190,11 @@ CASES: list[Case] = [
          target=1),
     Case(Reason.QUOTA_REACHED, Action.HOLD, quota, "account acct holds 1 extension nodes >= "
          "max_extension_nodes_per_account 1"),
+    Case(Reason.ACTION_IN_PROGRESS, Action.HOLD, in_progress,
+         "would shrink 2 -> 1 (UNDERUTILIZED: mean util 12% < 40% over 600s (120 samples)); its shrink decided "
+         "90s ago is not finished", basis=Basis.UTILIZATION),
+    Case(Reason.GROW_BACKOFF, Action.HOLD, backoff,
+         "1 extension job(s) ended on their own within 600s (last 500: FAILED); next grow in 15s"),
 ]
 
 
