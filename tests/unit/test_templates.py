@@ -76,3 +76,23 @@ def test_train_scripts_keep_the_contract(name: str) -> None:
         assert "publish(samples_per_s=" in source and "nodes=nodes_from_env()" in source
         assert '"optimizer": opt.state_dict()' in source and "opt.load_state_dict(" in source
         assert "resize.hold(" in source
+
+
+@pytest.mark.parametrize("name", ["torchrun_elastic.sbatch", "dlrm_embedding.sbatch"])
+def test_an_extension_never_forms_a_group_without_the_running_job(name: str, tmp_path: Path) -> None:
+    """An extension's agents wait for at least one node more than their own (capped at max): were the leader's
+    restart slow, they would otherwise complete a rendezvous round alone and train a second copy of the model."""
+    import subprocess
+
+    text = (TEMPLATES[0].parent / name).read_text()
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("elastic() {"))
+    end = next(i for i, ln in enumerate(lines) if i > start and ln == "fi")
+    script = tmp_path / "job.sh"
+    script.write_text("\n".join([*text.split("set -u")[0].splitlines(), *lines[start:end + 1],
+                                 "echo $min_nodes:$max_nodes"]) + "\n")
+    run = lambda env: subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True,  # noqa: E731
+                                     env=env).stdout.strip()
+    assert run({"role": "leader", "SLURM_JOB_NUM_NODES": "2"}) == "1:4"
+    assert run({"role": "extension", "SLURM_JOB_NUM_NODES": "2"}) == "3:4"
+    assert run({"role": "extension", "SLURM_JOB_NUM_NODES": "4"}) == "4:4"
