@@ -3,14 +3,17 @@
 always written.
 
 Writing every hold of every unit each cycle is ~5.8 M rows a day at 2,000 units and a 30 s cycle, nearly all
-repeating the row before. What matters about a hold (its *fingerprint*, :func:`hold_fingerprint`):
+repeating the row before. What matters about a hold (its :class:`HoldKey`):
 
 * the reason code, the basis, the unit's current and target size, ``paused``, ``signal``, ``profile`` and
   ``dry_run``;
 * every input the policy recorded, except those that move each cycle by themselves (:data:`VOLATILE_INPUTS`:
-  ages, countdowns, sample counts, measured throughput), with the utilization rounded down to a
-  :data:`UTIL_BAND_PCT`-point band and marginal efficiencies to :data:`EFFICIENCY_BAND` steps. An input not
-  listed there counts as it is, so an input added to the policy later is stored on change by default.
+  ages, countdowns, sample counts, measured throughput, GPU-seconds attained). An input not listed there counts
+  as it is, so an input added to the policy later is stored on change by default;
+* the measured levels (:data:`BANDED_INPUTS`: mean and max utilization, marginal efficiencies) count when they
+  moved by a band (:data:`UTIL_BAND_PCT` points of utilization, :data:`EFFICIENCY_BAND` of efficiency) from the
+  value in the unit's last stored row, or appeared or vanished: a window mean that jitters around a value never
+  writes, one that climbs from 50% to 75% writes about twice.
 
 The message is not compared (it carries the same ages and counts) but is stored with each row written. A row
 written because nothing changed for ``hold_heartbeat_s`` (a *heartbeat*) carries ``unchanged_since`` in its
@@ -40,11 +43,11 @@ HOLD = "hold"
 #: Inputs that change every cycle on their own; left out of the comparison (still stored on written rows).
 VOLATILE_INPUTS = frozenset({
     "running_s", "since_resize_s", "metric_age_s", "window_covered_s", "samples", "remaining_s",
-    "expected_gain_s", "throughput", "unchanged_since",
+    "expected_gain_s", "throughput", "attained_gpu_s", "unchanged_since",
 })
 UTIL_BAND_PCT = 10.0
 EFFICIENCY_BAND = 0.1
-#: Inputs compared by band: a value moves to another band, not by jitter inside one.
+#: Inputs compared by distance: a change when the value moved by at least this much from the stored one.
 BANDED_INPUTS: Mapping[str, float] = {
     "mean_util": UTIL_BAND_PCT, "max_util": UTIL_BAND_PCT,
     "marginal_efficiency_last": EFFICIENCY_BAND, "marginal_efficiency_next": EFFICIENCY_BAND,
@@ -53,23 +56,37 @@ UNCHANGED_SINCE = "unchanged_since"
 _NOT_SEEDED = object()
 
 
-def _band(value: object, width: float) -> object:
+def _level(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return value
-    return math.floor(value / width)
+        return None
+    return float(value)
 
 
-def hold_fingerprint(d: NewDecision | DecisionRecord) -> str:
-    """What matters about a hold, as a canonical string (equal strings: nothing worth a new row changed)."""
-    inputs = {k: (_band(v, BANDED_INPUTS[k]) if k in BANDED_INPUTS else v)
-              for k, v in d.inputs.items() if k not in VOLATILE_INPUTS}
-    return json.dumps([d.action, d.reason, d.current_nodes, d.target_nodes, d.paused, d.signal, d.profile,
-                       d.dry_run, inputs], sort_keys=True, default=str)
+@dataclass(frozen=True)
+class HoldKey:
+    """What matters about a hold: ``fingerprint``, everything compared for equality (the measured levels only as
+    present or not), and ``levels``, the measured levels compared by distance."""
+
+    fingerprint: str
+    levels: Mapping[str, float]
+
+    @classmethod
+    def of(cls, d: NewDecision | DecisionRecord) -> HoldKey:
+        levels = {k: v for k in BANDED_INPUTS if (v := _level(d.inputs.get(k))) is not None}
+        inputs = {k: ("<level>" if k in levels else v) for k, v in d.inputs.items() if k not in VOLATILE_INPUTS}
+        fingerprint = json.dumps([d.action, d.reason, d.current_nodes, d.target_nodes, d.paused, d.signal,
+                                  d.profile, d.dry_run, inputs], sort_keys=True, default=str)
+        return cls(fingerprint, levels)
+
+    def differs(self, stored: HoldKey) -> bool:
+        """Worth a new row after ``stored``: something compared for equality changed, or a level moved a band."""
+        return self.fingerprint != stored.fingerprint or any(
+            abs(v - stored.levels[k]) >= BANDED_INPUTS[k] for k, v in self.levels.items())
 
 
 @dataclass(frozen=True)
 class _Written:
-    fingerprint: str
+    key: HoldKey  # of the unit's last stored row
     at: datetime  # when the last row of the run was written (its heartbeat clock)
     since: datetime  # when the first row of the run was written
 
@@ -120,14 +137,14 @@ class HoldFilter:
                 rows.append(d)
                 slots.append(i)
                 continue
-            fp = hold_fingerprint(d)
+            key = HoldKey.of(d)
             prev = self._last.get(d.job_id)
-            if prev is None or prev.fingerprint != fp:
+            if prev is None or key.differs(prev.key):
                 rows.append(d)
-                nxt[d.job_id] = _Written(fp, now, now)
+                nxt[d.job_id] = _Written(key, now, now)
             elif (now - prev.at).total_seconds() >= self.heartbeat_s:
                 rows.append(replace(d, inputs={**d.inputs, UNCHANGED_SINCE: prev.since.isoformat()}))
-                nxt[d.job_id] = _Written(fp, now, prev.since)
+                nxt[d.job_id] = _Written(key, now, prev.since)
             else:
                 nxt[d.job_id] = prev
                 continue
@@ -153,7 +170,7 @@ class HoldFilter:
         for unit_id, (d, *_) in last.items():
             if d.action == HOLD:
                 since = _parse_time(d.inputs.get(UNCHANGED_SINCE)) or d.time
-                self._last[unit_id] = _Written(hold_fingerprint(d), d.time, since)
+                self._last[unit_id] = _Written(HoldKey.of(d), d.time, since)
 
 
 def _parse_time(value: object) -> datetime | None:

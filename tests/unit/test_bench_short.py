@@ -59,3 +59,15 @@ def test_agent_fanout_short() -> None:
 
     raw_count, jobs = asyncio.run(run())
     assert raw_count == 5 and jobs == 10  # five agents, two jobs each
+
+
+def test_decision_volume_short(tmp_path: Path) -> None:
+    bench = _load("decision_volume")
+    for workload in bench.WORKLOADS:
+        results, actions = bench.run(workload, tmp_path, n_units=30, cycles=5, interval_s=30.0, heartbeat_s=60.0,
+                                     change=0.1, seed=1)
+        old, new = results["old"], results["new"]
+        assert old.first == new.first == 30 and old.rows == 4 * 30 == actions["hold"] - 30
+        assert 30 <= new.rows < old.rows  # at least the heartbeat two cycles later, far fewer than every hold
+        if workload == "steady":
+            assert new.rows == 2 * 30  # the heartbeats at cycles 3 and 5 only
