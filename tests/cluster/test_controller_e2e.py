@@ -17,6 +17,7 @@ from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.store.records import ActionKind, ActionState
 from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
+    ControllerProcess,
     controller_config,
     elastic_script,
     marker_file,
@@ -66,6 +67,16 @@ def test_underused_job_shrinks_to_min_after_grace_signal(stack: Agents, tmp_path
     kept = str(rec["nodes"])
     wait_until("freed nodes idle", lambda: all(
         s == "idle" for n, s in _node_states(cluster).items() if n != kept), 30)
+
+
+def last_cycle_id(ctl: ControllerProcess) -> int:
+    """The id of the controller's latest finished cycle (0: none yet)."""
+    st = ctl.store()
+    try:
+        cycle = st.decisions.last_cycle()
+        return 0 if cycle is None else cycle.id
+    finally:
+        st.close()
 
 
 def _node_states(cluster: TestCluster) -> dict[str, str]:
@@ -146,7 +157,10 @@ def test_silent_agent_causes_no_shrink(stack: Agents, tmp_path: Path) -> None:
     os.kill(silent.pid, signal.SIGSTOP)
     try:
         with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
-            wait_until("decisions on the job", lambda: len(ctl.decisions(job)) >= 8, 90, ctl)
+            wait_until("a decision on the job", lambda: len(ctl.decisions(job)) >= 1, 90, ctl)
+            first = last_cycle_id(ctl)
+            # holds are stored when they change: eight more cycles, not eight rows, show nothing was acted on
+            wait_until("eight more cycles", lambda: last_cycle_id(ctl) >= first + 8, 90, ctl)
             decisions = ctl.decisions(job)
             assert ctl.actions(job) == []
     finally:
