@@ -3,7 +3,7 @@ elastic jobs, one idle and one busy, shown as the controller shrinks the first a
 
 Everything is real except the GPUs: the agents read NVML through nvidia-ml-py over the virtual library, the jobs
 run as alice and bob, and the controller acts through Slurm. Demo-sized policy: 20 s window, 20 s cooldown, 5 s
-grace. Not used in production.
+grace, and the 40..80 band so that the 10% and 95% jobs are far from both ends. Not used in production.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from slurm_elastic.vgpu.statefile import StateFile
 
 REPO = Path(__file__).resolve().parents[1]
 POLICY = """version = 1
+scale_up_above = 80
+scale_down_below = 40
 window_s = 20
 cooldown_s = 20
 grace_s = 5

@@ -51,6 +51,7 @@ from slurm_elastic.policy.schema import (
     GLOBAL_ONLY,
     KEYS,
     META_KEYS,
+    PACKAGED_PROFILES,
     PROFILE_TABLE,
     SCOPE_TABLES,
     KeyDef,
@@ -120,7 +121,7 @@ class PolicyConfig:
 
     version: int = CONFIG_VERSION
     base: LayerSet = field(default_factory=LayerSet)
-    profiles: Mapping[str, LayerSet] = field(default_factory=dict, hash=False)
+    profiles: Mapping[str, LayerSet] = field(default_factory=lambda: dict(packaged_profiles()), hash=False)
     active_profile: str | None = None
     source: str = "<packaged defaults>"
     windows: Mapping[str, tuple[Window, ...]] = field(default_factory=dict, hash=False)  # profile -> windows
@@ -318,8 +319,13 @@ def resolve_unit(cfg: PolicyConfig, unit: ElasticUnit) -> UnitSettings:
 
 
 def default_config() -> PolicyConfig:
-    """The packaged defaults, with no site overrides."""
+    """The packaged defaults, with no site overrides (the packaged profiles defined, none active)."""
     return PolicyConfig()
+
+
+def packaged_profiles() -> dict[str, LayerSet]:
+    """The profiles every config has (schema.PACKAGED_PROFILES), as layer sets."""
+    return {name: LayerSet(global_values=dict(values)) for name, values in PACKAGED_PROFILES.items()}
 
 
 def parse_config(text: str, source: str = "<policy config>") -> PolicyConfig:
@@ -347,6 +353,7 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<policy config>"
     profiles: dict[str, LayerSet] = {}
     windows: dict[str, tuple[Window, ...]] = {}
     raw_profiles = data.get(PROFILE_TABLE, {})
+    profiles.update(packaged_profiles())  # a site profile of the same name replaces a packaged one
     if not isinstance(raw_profiles, Mapping):
         problems.append(f"{PROFILE_TABLE}: must be a table of [profile.NAME] tables")
     else:
@@ -367,8 +374,8 @@ def config_from_mapping(data: Mapping[str, Any], source: str = "<policy config>"
         if not isinstance(active, str):
             problems.append(f"active_profile: must be a string, not {active!r}")
             active = None
-        elif active not in raw_profiles:
-            known = ", ".join(sorted(raw_profiles)) or "none defined"
+        elif active not in profiles:
+            known = ", ".join(sorted(profiles)) or "none defined"
             problems.append(f"active_profile: {active!r} is not a profile (profiles: {known})")
             active = None
 

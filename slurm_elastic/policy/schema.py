@@ -72,9 +72,9 @@ _YEAR = 365 * _DAY
 
 KEYS: tuple[KeyDef, ...] = (
     # --- thresholds and timing (also #ELASTIC directives, which win over the config) ---------------------
-    KeyDef("scale_up_above", Kind.PERCENT, 80, 1, 100, ALL_SCOPES,
+    KeyDef("scale_up_above", Kind.PERCENT, 90, 1, 100, ALL_SCOPES,
            "grow when mean GPU utilization over the window is above this (percent)", directive=True),
-    KeyDef("scale_down_below", Kind.PERCENT, 40, 0, 99, ALL_SCOPES,
+    KeyDef("scale_down_below", Kind.PERCENT, 20, 0, 99, ALL_SCOPES,
            "shrink when mean GPU utilization over the window is below this (percent); must be below "
            "scale_up_above", directive=True),
     KeyDef("window_s", Kind.DURATION, 600, 10, _DAY, ALL_SCOPES,
@@ -120,7 +120,7 @@ KEYS: tuple[KeyDef, ...] = (
     KeyDef("paused_jobs", Kind.INT_LIST, (), None, None, GLOBAL_ONLY,
            "unit job ids paused individually"),
     # --- policy depth (issue 9), each behind its switch ------------------------------------------------
-    KeyDef("shrink_to_admit", Kind.BOOL, False, None, None, ALL_SCOPES,
+    KeyDef("shrink_to_admit", Kind.BOOL, True, None, None, ALL_SCOPES,
            "let a higher-priority pending job take nodes this unit holds above its min (resolved for the "
            "victim unit)"),
     KeyDef("admit_victim_interval_s", Kind.DURATION, 0, 0, 7 * _DAY, ALL_SCOPES,
@@ -162,6 +162,13 @@ KEYS: tuple[KeyDef, ...] = (
 
 BY_NAME: Mapping[str, KeyDef] = {k.name: k for k in KEYS}
 DEFAULTS: Mapping[str, Value] = {k.name: k.default for k in KEYS}
+
+#: Profiles every config has (a site's [profile.NAME] of the same name replaces one), for
+#: ``active_profile = "NAME"`` or a site profile's windows. ``utilization-band`` is the seed's policy: grow above
+#: 80% and shrink below 40% mean utilization, no shrink-to-admit (docs/policy.md, "Packaged profiles").
+PACKAGED_PROFILES: Mapping[str, Mapping[str, Value]] = {
+    "utilization-band": {"scale_up_above": 80, "scale_down_below": 40, "shrink_to_admit": False},
+}
 
 #: Top-level keys that are not settings.
 META_KEYS: Mapping[str, str] = {

@@ -52,7 +52,7 @@ def test_high_qos_job_pending_behind_elastic_surplus_is_admitted_by_shrinking_th
     time.sleep(3)
     assert cluster.job_state(high) == "PENDING"  # blocked: one free node, and Slurm does not preempt normal
     cfg = controller_config(tmp_path, stack)
-    (tmp_path / "policy.toml").write_text(TEST_POLICY + "shrink_to_admit = true\n")
+    (tmp_path / "policy.toml").write_text(TEST_POLICY.replace("shrink_to_admit = false", "shrink_to_admit = true"))
     with running_controller(cluster, cfg) as ctl:
         wait_until("the high job to start", lambda: cluster.job_state(high) == "RUNNING", 120, ctl)
         started = time.time()

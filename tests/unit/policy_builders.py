@@ -210,7 +210,12 @@ def make_input(
     )
 
 
+#: What the rule tests were written against, set explicitly so that a change of the packaged defaults does not
+#: change what they test: the 40..80 band, no shrink-to-admit (tests of that rule switch it on).
+RULE_TEST_BASE: dict[str, Any] = {"scale_up_above": 80, "scale_down_below": 40, "shrink_to_admit": False}
+
+
 def cfg(**values: Any) -> PolicyConfig:
-    """A config with the given global values; ``partition=``/``account=``/``qos=``/``profile=`` tables pass
-    through."""
-    return config_from_mapping({"version": 1, **values}, source="<test>")
+    """A config with the given global values over :data:`RULE_TEST_BASE`; ``partition=``/``account=``/``qos=``/
+    ``profile=`` tables pass through."""
+    return config_from_mapping({"version": 1, **RULE_TEST_BASE, **values}, source="<test>")

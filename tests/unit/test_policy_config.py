@@ -93,7 +93,7 @@ def test_profile_overlays_everything_and_says_so() -> None:
     serve = cfg.resolve("free_node_reserve", "serve")
     assert (serve.value, str(serve.provenance)) == (2, "profile peak partition=serve")
     assert cfg.resolve("scale_down_below").value == 30  # not in the profile: the site's value
-    assert parse_config(SITE).with_active_profile(None).resolve("scale_up_above").value == 80
+    assert parse_config(SITE).with_active_profile(None).resolve("scale_up_above").value == DEFAULTS["scale_up_above"]
 
 
 def test_active_profile_at_top_level() -> None:
@@ -139,13 +139,13 @@ def test_directives_win_and_are_labelled() -> None:
          "not be set per account (only: global, partition)"),
         ("version = 1\n[partition.gpu]\nmax_actions_per_cycle = 3", "can not be set per partition (only: global)"),
         ("version = 1\npaused_jobs = [1, -2]", "paused_jobs: [1, -2] is not a valid list of ints"),
-        ("version = 1\nactive_profile = 'x'", "active_profile: 'x' is not a profile (profiles: none defined)"),
+        ("version = 1\nactive_profile = 'x'", "active_profile: 'x' is not a profile (profiles: utilization-band)"),
         ("version = 1\npartition = 3", "partition: must hold [partition.NAME] tables"),
         ("version = 1\n[profile.p]\nversion = 1", "profile.p.version: unknown key in profile.p"),
-        ("version = 1\nscale_down_below = 85", "scale_down_below=85 (global) is not below scale_up_above=80 "
+        ("version = 1\nscale_down_below = 95", "scale_down_below=95 (global) is not below scale_up_above=90 "
          "(default) for every job"),
-        ("version = 1\n[qos.low]\nscale_up_above = 30", "scale_down_below=40 (default) is not below "
-         "scale_up_above=30 (qos low) for qos=low"),
+        ("version = 1\n[qos.low]\nscale_up_above = 15", "scale_down_below=20 (default) is not below "
+         "scale_up_above=15 (qos low) for qos=low"),
         ("version = 1\n[profile.p.account.a]\nscale_down_below = 90", "for account=a with profile p"),
         ("version = 1\nnot toml = = 3", "not valid TOML"),
     ],
@@ -176,6 +176,7 @@ def test_config_is_frozen() -> None:
 
 PROFILED = """
 version = 1
+scale_up_above = 80
 [profile.peak]
 windows = ["Mon-Fri 08:00-20:00"]
 scale_up_above = 95
@@ -256,3 +257,30 @@ def test_profile_windows_are_read_in_the_configured_time_zone() -> None:
 def test_an_unknown_time_zone_is_a_clear_error() -> None:
     with pytest.raises(PolicyConfigError, match="timezone: 'Mars/Olympus' is not an IANA time zone"):
         parse_config('version = 1\ntimezone = "Mars/Olympus"\n')
+
+
+def test_the_seed_band_is_a_packaged_profile() -> None:
+    plain = default_config()
+    assert plain.resolve("shrink_to_admit").value is True and plain.active_profile is None
+    band = plain.with_active_profile("utilization-band")
+    got = {k: (band.resolve(k).value, str(band.resolve(k).provenance))
+           for k in ("scale_up_above", "scale_down_below", "shrink_to_admit")}
+    assert got == {"scale_up_above": (80, "profile utilization-band"),
+                   "scale_down_below": (40, "profile utilization-band"),
+                   "shrink_to_admit": (False, "profile utilization-band")}
+    site = parse_config('version = 1\nactive_profile = "utilization-band"\ncooldown_s = 60\n')
+    assert (site.resolve("scale_up_above").value, site.resolve("cooldown_s").value) == (80, 60)
+
+
+def test_a_site_profile_replaces_the_packaged_one_of_the_same_name() -> None:
+    site = parse_config('version = 1\n[profile.utilization-band]\nscale_up_above = 70\n')
+    band = site.with_active_profile("utilization-band")
+    assert band.resolve("scale_up_above").value == 70
+    assert str(band.resolve("scale_down_below").provenance) == "default"  # not the packaged profile's 40
+
+
+def test_the_packaged_profile_overlays_a_site_band() -> None:
+    text = "version = 1\n[qos.low]\nscale_up_above = 30\n"  # valid with the default 20 (not with 40)
+    assert parse_config(text).resolve("scale_up_above", qos="low").value == 30
+    band = parse_config('active_profile = "utilization-band"\n' + text)  # sets both ends: still a valid band
+    assert [band.resolve(k, qos="low").value for k in ("scale_down_below", "scale_up_above")] == [40, 80]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from slurm_elastic.policy import Action, Basis, Decision, PolicyConfig, PolicyInput, Reason, decide
+from slurm_elastic.policy import Action, Basis, Decision, PolicyConfig, PolicyInput, Reason, decide, default_config
 from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
 from slurm_elastic.policy.reasons import SHELL_REASONS
 from tests.unit.policy_builders import (
@@ -235,9 +235,9 @@ def test_global_pause_and_paused_jobs_keep_deciding() -> None:
 
 
 def test_decision_inputs_are_read_only_and_carry_provenance() -> None:
-    inp, config = one(30, leader=("n1", "n2"), scale_down_below=20)
-    (d,) = decide(inp, config, NOW)
-    assert d.reason is Reason.IN_BAND  # the directive's 20% wins over the default 40%
+    inp, _ = one(30, leader=("n1", "n2"), scale_down_below=25)
+    (d,) = decide(inp, default_config(), NOW)
+    assert d.reason is Reason.IN_BAND  # the directive's 25% wins over the default
     assert d.inputs["scale_down_below.source"] == "directive"
     assert d.inputs["scale_up_above.source"] == "default"
     with pytest.raises(TypeError):
