@@ -29,10 +29,10 @@ from slurm_elastic.controller.extension import build_request, rendezvous_endpoin
 from slurm_elastic.controller.notices import NoticeBoard, NoticeError
 from slurm_elastic.policy import Decision
 from slurm_elastic.resize import Notice, make_notice
-from slurm_elastic.slurm.adapter import ResizeRefusedError, SlurmCli
+from slurm_elastic.slurm.adapter import ResizeRefusedError, SlurmControl
 from slurm_elastic.slurm.errors import SlurmError, SlurmJobNotFoundError, SlurmTransientError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
-from slurm_elastic.store import SqlStore
+from slurm_elastic.store.protocols import ActuatorStore
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, FencingToken
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,8 @@ class CycleContext:
 
 @dataclass
 class Actuator:
-    slurm: SlurmCli
-    store: SqlStore
+    slurm: SlurmControl
+    store: ActuatorStore
     extension_env: Mapping[str, str]
     fault: FaultHook = _no_fault
     extension_qos: str = ""  # [extension] qos; "" = the leader's QOS

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -30,6 +30,7 @@ from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import LossRecorder
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
+from slurm_elastic.controller.ports import AgentCollector, Clock, ControllerStore, SlurmControl
 from slurm_elastic.controller.shares import AccountingCache
 from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units
 from slurm_elastic.errors import ConfigError
@@ -48,10 +49,9 @@ from slurm_elastic.policy import (
 from slurm_elastic.policy.holds import LOOKBACK_S as BACKOFF_LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, UnitMeasure
 from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
-from slurm_elastic.slurm.adapter import FinalStateReader, SlurmCli
+from slurm_elastic.slurm.adapter import FinalStateReader
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
-from slurm_elastic.store import SqlStore
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.records import (
     ActionKind,
@@ -68,7 +68,7 @@ from slurm_elastic.store.records import (
 
 log = logging.getLogger(__name__)
 
-Collector = Callable[[Mapping[str, str]], CollectResult]
+Collector = AgentCollector
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING"}
 _KIND_ACTION = {ActionKind.GROW: Action.GROW, ActionKind.SHRINK: Action.SHRINK,
                 ActionKind.CANCEL_EXTENSION: Action.SHRINK}
@@ -87,8 +87,8 @@ class CycleSummary:
 
 
 class Controller:
-    def __init__(self, cfg: ControllerConfig, policy: PolicyConfig, *, slurm: SlurmCli, store: SqlStore,
-                 collector: Collector, clock: Callable[[], datetime] = lambda: datetime.now(tz=UTC),
+    def __init__(self, cfg: ControllerConfig, policy: PolicyConfig, *, slurm: SlurmControl, store: ControllerStore,
+                 collector: AgentCollector, clock: Clock = lambda: datetime.now(tz=UTC),
                  actuator: Actuator | None = None, metrics: ControllerMetrics | None = None) -> None:
         self.cfg = cfg
         self.policy = policy

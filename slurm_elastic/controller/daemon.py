@@ -27,6 +27,7 @@ from slurm_elastic.controller.collect import CollectResult, collect_sync
 from slurm_elastic.controller.config import ControllerConfig, load_controller_config
 from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.metrics import ControllerMetrics, observe_cycle, serve_metrics
+from slurm_elastic.controller.ports import ControllerStore
 from slurm_elastic.errors import ConfigError, SlurmElasticError
 from slurm_elastic.policy import PolicyConfig, default_config, parse_config
 from slurm_elastic.slurm.adapter import SlurmCli
@@ -72,7 +73,7 @@ def read_policy_file(cfg: ControllerConfig) -> PolicyConfig | None:
     return parse_config(text, source=str(cfg.policy_file))
 
 
-def load_policy(cfg: ControllerConfig, store: SqlStore,
+def load_policy(cfg: ControllerConfig, store: ControllerStore,
                 from_file: PolicyConfig | None = None) -> tuple[PolicyConfig, str]:
     """The newest policy version stored with ``policy set``, else the policy file (``from_file`` when already
     read), else the packaged defaults."""

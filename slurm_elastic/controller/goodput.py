@@ -46,7 +46,7 @@ from typing import Protocol
 from slurm_elastic.goodput import DIR_NAME
 from slurm_elastic.policy import ElasticUnit, JobUtilization, ThroughputSample
 from slurm_elastic.policy.config import UnitSettings
-from slurm_elastic.store import SqlStore
+from slurm_elastic.store.protocols import ActuatorStore
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, ExtensionRecord
 
 log = logging.getLogger(__name__)
@@ -327,7 +327,7 @@ class JournalView(Protocol):
 
 @dataclass(frozen=True)
 class StoreJournal:
-    store: SqlStore
+    store: ActuatorStore
 
     def actions(self, job_id: int) -> list[ActionRecord]:
         return list(self.store.journal.list_actions(job_id=job_id))

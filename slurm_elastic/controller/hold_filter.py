@@ -33,8 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from slurm_elastic.store import SqlStore
 from slurm_elastic.store.errors import StoreError
+from slurm_elastic.store.protocols import ControllerStore
 from slurm_elastic.store.records import DecisionRecord, FencingToken, NewDecision
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class HoldFilter:
         """Something else was written for the unit (a loss): its next hold is written."""
         self._last.pop(unit_id, None)
 
-    def record(self, store: SqlStore, cycle_id: int, decisions: Sequence[NewDecision], now: datetime, *,
+    def record(self, store: ControllerStore, cycle_id: int, decisions: Sequence[NewDecision], now: datetime, *,
                fencing: FencingToken | None = None) -> Recorded:
         """Write the cycle's non-hold decisions and the holds that changed or are due a heartbeat, in one
         transaction (as ``record_decisions``); the memory changes only once the write succeeded."""
@@ -156,7 +156,7 @@ class HoldFilter:
             ids[slot] = row_id
         return Recorded(ids)
 
-    def _seed(self, store: SqlStore, unit_ids: Iterable[int]) -> None:
+    def _seed(self, store: ControllerStore, unit_ids: Iterable[int]) -> None:
         """Start from the store: each unit's last decision, if it is a hold (any other: its next hold is new)."""
         self._last = {}
         ids = list(unit_ids)

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 
 from slurm_elastic.policy import Action, ElasticUnit, Outcome, Reason, ResizeRecord
 from slurm_elastic.slurm.model import ClusterSnapshot, Node
-from slurm_elastic.store import SqlStore
+from slurm_elastic.store.protocols import ControllerStore
 from slurm_elastic.store.records import ActionKind, DecisionFilter, ExtensionRecord, FencingToken, NewDecision
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ def loss_decisions(unit: ElasticUnit, losses: Sequence[Loss]) -> list[NewDecisio
 class LossRecorder:
     """The shell around :func:`find_losses`: reads the store, records decisions once, gives back history."""
 
-    def __init__(self, store: SqlStore) -> None:
+    def __init__(self, store: ControllerStore) -> None:
         self.store = store
 
     def _recorded(self, unit_id: int, since: datetime) -> set[tuple[int, str]]:

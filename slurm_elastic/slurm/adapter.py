@@ -68,8 +68,13 @@ class FinalStateReader(Protocol):
 
 
 class SlurmControl(SlurmReader, Protocol):
-    """Everything the controller may do to Slurm."""
+    """What the controller (cycle, actuator, reconcile) does to Slurm; :class:`SlurmCli` is the real one.
 
+    Optional reads are separate Protocols checked at run time: :class:`FinalStateReader` (sacct) and
+    ``controller.shares.AccountingReader`` (sshare, sacctmgr); a backend without them still drives the controller.
+    """
+
+    def batch_script(self, job_id: int) -> str: ...
     def shrink(self, job: Job, keep_nodes: Sequence[str]) -> None: ...
     def extend_time_limit(self, job: Job, add_min: int) -> int: ...
     def shorten_time_limit(self, job: Job, sub_min: int) -> int: ...
@@ -78,18 +83,6 @@ class SlurmControl(SlurmReader, Protocol):
     def submit_as(
         self, user: str, script: str, sbatch_args: Sequence[str], env: Mapping[str, str] | None = None
     ) -> int: ...
-    def update_job(
-        self,
-        job_id: int,
-        *,
-        comment: str | None = None,
-        admin_comment: str | None = None,
-        time_limit_min: int | None = None,
-    ) -> None: ...
-    def drain(self, node: str, reason: str) -> None: ...
-    def resume(self, node: str) -> None: ...
-    def reconfigure(self) -> None: ...
-    def batch_script(self, job_id: int) -> str: ...
 
 
 def _local(t: datetime) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from slurm_elastic.agent.mig_service import MigService
 from slurm_elastic.controller.mig_adapters import StoreJournal
@@ -200,5 +201,5 @@ def fail_at(step: str) -> Callable[[str], None]:
     return hook
 
 
-def with_state(slurm: FakeSlurm, **kw: object) -> FakeSlurm:
-    return replace(slurm, **kw)  # type: ignore[arg-type]
+def with_state(slurm: FakeSlurm, **kw: Any) -> FakeSlurm:
+    return replace(slurm, **kw)

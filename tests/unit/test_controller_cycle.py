@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -46,7 +47,7 @@ class FakeSlurm:
                            alloc_cpus=0, gres=(GresCount("gpu", None, 4),), gres_used=(), address="127.0.0.1")
                       for i in range(1, 5)]
         self.jobs: dict[int, Job] = {}
-        self.calls: list[tuple[str, object]] = []
+        self.calls: list[tuple[str, Any]] = []  # (call, its arguments)
         self.sbatch_args: list[dict[str, str]] = []
         self.next_id = 100
 
@@ -136,7 +137,7 @@ def world() -> tuple[Controller, FakeSlurm, Agents, FakeClock, SqlStore]:
     slurm = FakeSlurm(clock)
     agents = Agents(clock)
     cfg = ControllerConfig(interval_s=2.0, holder="test")
-    ctl = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents, clock=clock)  # type: ignore[arg-type]
+    ctl = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents, clock=clock)
     return ctl, slurm, agents, clock, store
 
 
@@ -285,7 +286,7 @@ def _admit_world(backoff_s: int = 120) -> tuple[Controller, FakeSlurm, Agents, F
     policy = parse_config("version = 1\nwindow_s = 10\ncooldown_s = 10\ngrace_s = 4\nmin_samples = 3\n"
                           "max_metric_age_s = 30\nstartup_protection_s = 0\nmin_remaining_for_grow_s = 0\n"
                           f"shrink_to_admit = true\nadmit_backoff_s = {backoff_s}\n")
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,  # type: ignore[arg-type]
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,
                      store=store, collector=agents, clock=clock, metrics=ControllerMetrics())
     slurm.add_job(10, ["n1", "n2", "n3"])
     agents.util.update({(n, 10): 60.0 for n in ("n1", "n2", "n3")})  # in band: no metric-driven resize

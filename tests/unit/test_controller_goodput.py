@@ -324,7 +324,7 @@ def run_job(tmp_path: Path, per_node: float, scaling: str, cycles: int) -> tuple
     slurm = FakeSlurm(clock)
     agents = Agents(clock)
     ctl = Controller(ControllerConfig(interval_s=2.0, holder="t"), GOODPUT_POLICY,
-                     slurm=slurm, store=store, collector=agents, clock=clock)  # type: ignore[arg-type]
+                     slurm=slurm, store=store, collector=agents, clock=clock)
     me = pwd.getpwuid(os.geteuid()).pw_name
     leader = slurm.add_job(10, ["n1"], user=me)
     slurm.jobs[10] = replace(leader, working_dir=str(tmp_path))

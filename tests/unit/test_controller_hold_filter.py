@@ -58,7 +58,7 @@ def steady() -> tuple[Controller, FakeSlurm, Agents, FakeClock, SqlStore, Contro
     agents = Agents(clock)
     metrics = ControllerMetrics()
     ctl = Controller(ControllerConfig(interval_s=2.0, holder="test", hold_heartbeat_s=HEARTBEAT_S), POLICY,
-                     slurm=slurm, store=store, collector=agents, clock=clock, metrics=metrics)  # type: ignore[arg-type]
+                     slurm=slurm, store=store, collector=agents, clock=clock, metrics=metrics)
     slurm.add_job(10, ["n1", "n2", "n3"])
     agents.util = {(n, 10): 50.0 for n in ("n1", "n2", "n3")}
     return ctl, slurm, agents, clock, store, metrics

@@ -25,7 +25,7 @@ from slurm_elastic.controller.lease import (
     this_process,
 )
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.store import HolderProcess, LeaseLostError, SqlStore
+from slurm_elastic.store import HolderProcess, LeaseLostError, LeaseRecord, SqlStore
 from tests.unit.storehelpers import FakeClock
 
 TTL = timedelta(seconds=90)
@@ -48,7 +48,7 @@ def as_holder(proc: subprocess.Popen[bytes]) -> HolderProcess:
     return HolderProcess(host=ME.host, pid=proc.pid, scope=ME.scope, start=process_start(proc.pid))
 
 
-def hold(store: SqlStore, holder: str = "me:1", process: HolderProcess = ME) -> object:
+def hold(store: SqlStore, holder: str = "me:1", process: HolderProcess = ME) -> LeaseRecord | None:
     return hold_lease(store.lease, holder, TTL, process=process, stale_after=STALE, now=store.now)
 
 
@@ -182,7 +182,7 @@ def test_a_restarted_controller_acts_in_its_first_cycle_after_the_old_one_died(
 
     old = store.lease.acquire("host:1", TTL, process=as_holder(child), stale_after=STALE)
     assert old is not None
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="host:2"), POLICY, slurm=FakeSlurm(clock),  # type: ignore[arg-type]
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="host:2"), POLICY, slurm=FakeSlurm(clock),
                      store=store, collector=Agents(clock), clock=clock)
     assert ctl.run_cycle().skipped == "not the lease holder"
     child.kill()

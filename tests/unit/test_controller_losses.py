@@ -148,7 +148,7 @@ def test_loss_decisions_chain_the_node_counts_down_to_the_current_size() -> None
 def _world(clock: FakeClock, store: SqlStore | None = None) -> tuple[Controller, DownSlurm, Agents, SqlStore]:
     store = store or memory_store(clock)
     slurm, agents = DownSlurm(clock), Agents(clock)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,  # type: ignore[arg-type]
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
                      store=store, collector=agents, clock=clock)
     return ctl, slurm, agents, store
 
@@ -194,7 +194,7 @@ def test_a_lost_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed
     ctl.reconcile()  # closes the records with Slurm's state
     run(ctl, clock, 3)
     ctl2, _, _, _ = _world(clock, store)  # a restarted controller on the same store records nothing again
-    ctl2.slurm = slurm  # type: ignore[assignment]
+    ctl2.slurm = slurm
     ctl2.reconcile()
     ctl2.run_cycle()
     recorded = _losses(store)
@@ -252,7 +252,7 @@ def test_a_loss_while_the_controller_was_away_is_read_from_sacct(sacct_works: bo
         away.sacct_error = SlurmError("sacct: error: Problem talking to the database")
     clock.advance(300)
     restarted, _, _, _ = _world(clock, store)
-    restarted.slurm = away  # type: ignore[assignment]
+    restarted.slurm = away
     restarted.reconcile()
     restarted.reconcile()
     restarted.run_cycle()
@@ -375,7 +375,7 @@ def test_the_controller_submits_extensions_in_the_configured_qos() -> None:
     slurm, agents = Recording(clock), Agents(clock)
     cfg = parse_controller_config("version = 1\n[controller]\ninterval_s = 2\nholder = 't'\n"
                                   "[extension]\nqos = 'scavenger'\n")
-    ctl = Controller(cfg, POLICY, slurm=slurm, store=memory_store(clock), collector=agents,  # type: ignore[arg-type]
+    ctl = Controller(cfg, POLICY, slurm=slurm, store=memory_store(clock), collector=agents,
                      clock=clock)
     slurm.add_job(10, ["n1"])
     agents.util[("n1", 10)] = 95.0

@@ -16,8 +16,8 @@ from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.cycle import Controller, outcome_class
 from slurm_elastic.controller.metrics import ControllerMetrics, observe_cycle
 from slurm_elastic.promql_names import metric_names
-from tests.unit.storehelpers import memory_store
-from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeClock, FakeSlurm
+from tests.unit.storehelpers import FakeClock, memory_store
+from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "slurm-elastic.json"
 
@@ -34,7 +34,7 @@ def test_cycles_feed_every_controller_metric() -> None:
     clock = FakeClock(T0)
     store = memory_store(clock)
     slurm, agents, metrics = FakeSlurm(clock), Agents(clock), ControllerMetrics()
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,  # type: ignore[arg-type]
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
                      store=store, collector=agents, clock=clock, metrics=metrics)
     slurm.add_job(10, ["n1"])
     agents.util[("n1", 10)] = 95.0
@@ -100,7 +100,7 @@ def test_finished_jobs_feed_the_completion_and_wait_histograms_once() -> None:
     clock = FakeClock(T0)
     store = memory_store(clock)
     slurm, agents, metrics = FakeSlurm(clock), Agents(clock), ControllerMetrics()
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,  # type: ignore[arg-type]
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
                      store=store, collector=agents, clock=clock, metrics=metrics)
     slurm.add_job(10, ["n1"])
     agents.util[("n1", 10)] = 60.0

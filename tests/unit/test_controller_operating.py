@@ -17,8 +17,8 @@ from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import parse_config
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, DecisionFilter, PauseScope
-from tests.unit.storehelpers import memory_store
-from tests.unit.test_controller_cycle import POLICY, POLICY_TEXT, T0, Agents, FakeClock, FakeSlurm, run
+from tests.unit.storehelpers import FakeClock, memory_store
+from tests.unit.test_controller_cycle import POLICY, POLICY_TEXT, T0, Agents, FakeSlurm, run
 
 World = tuple[Controller, FakeSlurm, Agents, FakeClock, SqlStore]
 
@@ -29,7 +29,7 @@ def world() -> World:
     store = memory_store(clock)
     slurm = FakeSlurm(clock)
     agents = Agents(clock)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,  # type: ignore[arg-type]
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
                      store=store, collector=agents, clock=clock)
     return ctl, slurm, agents, clock, store
 
@@ -196,7 +196,7 @@ def test_explain_shows_the_rule_the_signal_and_the_profile_behind_each_decision(
     slurm = FakeSlurm(clock)
     agents = Agents(clock)
     policy = parse_config(PROFILE_POLICY)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,  # type: ignore[arg-type]
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,
                      store=store, collector=agents, clock=clock)
     slurm.add_job(10, ["n1"])
     agents.util[("n1", 10)] = 70.0  # a grow only under the weekend profile's scale_up_above = 60

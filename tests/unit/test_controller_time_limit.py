@@ -94,7 +94,7 @@ def _shrunk_world(slurm: FakeSlurm, policy_text: str = "") -> tuple[Controller, 
     store = memory_store(clock)
     agents = Agents(clock)
     policy = parse_config(POLICY_TEXT + policy_text) if policy_text else POLICY
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,  # type: ignore[arg-type]
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,
                      store=store, collector=agents, clock=clock)
     slurm.add_job(20, ["n1", "n2", "n3"])  # time limit 600 min, started an hour ago: 540 min left
     for n in ("n1", "n2", "n3"):
@@ -142,7 +142,7 @@ def test_a_later_grow_gives_back_what_the_shrink_added() -> None:
     (grow,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.GROW]
     assert grow.state == ActionState.APPLIED
     (shorten,) = [c for c in slurm.calls if c[0] == "shorten"]
-    sub = shorten[1][1]  # type: ignore[index]
+    sub = shorten[1][1]
     assert 265 <= sub <= 270  # ~48,500 s left x 1/3, in whole minutes, capped at the 270 added
     names = [c[0] for c in slurm.calls]
     assert names.index("shorten") > names.index("submit")  # after the extension is submitted

@@ -57,7 +57,7 @@ class RefusingSlurm(FakeSlurm):
 def _controller(store: SqlStore, clock: FakeClock) -> tuple[Controller, RefusingSlurm, Agents]:
     slurm = RefusingSlurm(clock)
     agents = Agents(clock)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,  # type: ignore[arg-type]
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
                      store=store, collector=agents, clock=clock)
     return ctl, slurm, agents
 
@@ -241,13 +241,13 @@ def test_shrink_after_a_crash_before_the_grace_signal_never_takes_nodes_unwarned
             raise _Killed(step)
 
     cfg = ControllerConfig(interval_s=2.0, holder="test")
-    first = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents, clock=clock,  # type: ignore[arg-type]
-                       actuator=Actuator(slurm, store, {}, fault=crash))  # type: ignore[arg-type]
+    first = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents, clock=clock,
+                       actuator=Actuator(slurm, store, {}, fault=crash))
     with pytest.raises(_Killed):
         run(first, clock, 12)
     (intent,) = store.journal.open_actions(20)
     assert intent.state == ActionState.INTENT and not any(c[0] == "signal" for c in slurm.calls)
-    restarted = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents,  # type: ignore[arg-type]
+    restarted = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents,
                            clock=clock)
     run(restarted, clock, 20)
     kinds = [c[0] for c in slurm.calls if c[0] in {"signal", "shrink"}]

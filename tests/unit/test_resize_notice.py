@@ -149,7 +149,7 @@ def _world(tmp_path: Path, cfg: ControllerConfig | None = None):  # type: ignore
     store = memory_store(clock)
     slurm = FakeSlurm(clock)
     agents = Agents(clock)
-    ctl = Controller(cfg or ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,  # type: ignore[arg-type]
+    ctl = Controller(cfg or ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
                      store=store, collector=agents, clock=clock)
     return ctl, slurm, agents, clock, store
 
