@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.agent.auth import METRICS_ANONYMOUS
+from slurm_elastic.configfile import KeyLines, suggest
 from slurm_elastic.errors import ConfigError
 
 CONFIG_VERSION = 1
@@ -123,11 +124,11 @@ def _coerce(key: str, value: Any, where: str) -> Any:
 
 def read_config_file(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
     version = data.pop("version", None)
     if version != CONFIG_VERSION:
@@ -137,7 +138,9 @@ def read_config_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: {replaced[0]} is gone; use {_REPLACED[replaced[0]]}")
     unknown = sorted(set(data) - set(KEYS))
     if unknown:
-        raise ConfigError(f"config file {path}: unknown key(s) {', '.join(unknown)}; known: {', '.join(KEYS)}")
+        lines = KeyLines(text)
+        where = [f"{k}{suggest(k, KEYS)}" + (f" (line {lines.line([k])})" if lines.line([k]) else "") for k in unknown]
+        raise ConfigError(f"config file {path}: unknown key(s) {', '.join(where)}; known: {', '.join(KEYS)}")
     return data
 
 

@@ -32,6 +32,7 @@ from slurm_elastic.controller.mig_adapters import (
     SystemClock,
     fault_hook,
     load_agent_key,
+    node_address,
 )
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.mig.config import MigConfig, load_mig_config
@@ -81,7 +82,7 @@ def _environment(ctx: click.Context, cfg: MigConfig, quiet: bool = False, *, jou
         ports = WorkflowPorts(
             journal=jnl,
             slurm=CliSlurm(),
-            agent=HttpAgent(cfg.agents, key),
+            agent=HttpAgent(cfg.agents, key, address_of=node_address),
             files=LocalFiles(),
             daemons=CommandDaemons(cfg.commands),
             clock=SystemClock(),
@@ -330,15 +331,15 @@ def _suggest_inputs(env: _Env, cli: SlurmCli) -> tuple[list[PendingRequest], lis
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def suggest_cmd(ctx: click.Context, config_path: Path | None, as_json: bool) -> None:
-    """Propose repartitioning idle GPUs for pending jobs that ask for MIG types (or whole GPUs). Changes nothing;
-    suggestions marked 'auto' are what the controller applies when auto_apply_idle is on."""
+    """Propose repartitioning idle GPUs for pending jobs that ask for MIG types (or whole GPUs). Changes nothing:
+    each suggestion is applied by an administrator with the `mig apply` command it prints."""
     cfg = _config(ctx, config_path)
     with _environment(ctx, cfg, quiet=True, journal=False) as env:
         try:
             pending, views, problems = _suggest_inputs(env, SlurmCli())
         except SlurmElasticError as exc:
             fail(ctx, str(exc))
-    result = suggest(pending, views, auto_apply_idle=cfg.auto_apply_idle)
+    result = suggest(pending, views)
     _print_suggestions(result, problems, as_json)
 
 
@@ -347,8 +348,8 @@ def _print_suggestions(result: SuggestResult, problems: list[str], as_json: bool
         click.echo(json.dumps({
             "demand": dict(result.demand), "free": dict(result.free),
             "suggestions": [{"node": s.node, "layout": {str(i): layout_to_obj(lay) for i, lay in s.layout.gpus},
-                             "reason": s.reason.value, "message": s.message, "covers": dict(s.covers),
-                             "auto": s.auto} for s in result.suggestions],
+                             "reason": s.reason.value, "message": s.message, "covers": dict(s.covers)}
+                            for s in result.suggestions],
             "unmet": [{"type": u.gpu_type, "missing": u.missing, "reason": u.reason.value, "message": u.message}
                       for u in result.unmet],
             "problems": problems,
@@ -358,7 +359,7 @@ def _print_suggestions(result: SuggestResult, problems: list[str], as_json: bool
     click.echo("free in service: " + (", ".join(f"{t}={n}" for t, n in result.free.items()) or "none"))
     for s in result.suggestions:
         layout = json.dumps({str(i): layout_to_obj(lay) for i, lay in s.layout.gpus})
-        click.echo(f"{s.node}: {s.reason.value}{' (auto)' if s.auto else ''}: {s.message}")
+        click.echo(f"{s.node}: {s.reason.value}: {s.message}")
         click.echo(f"  slurm-elastic mig apply {s.node} --layout '{layout}'")
     for u in result.unmet:
         click.echo(f"{u.reason.value}: {u.message}")

@@ -1,4 +1,5 @@
-"""The controller's TOML config (``/etc/slurm-elastic/controller.toml``): validated at start, unknown keys rejected.
+"""The controller's TOML config (``/etc/slurm-elastic/controller.toml``): validated at start, unknown keys rejected
+with a "did you mean", each problem with its line (slurm_elastic/configfile.py).
 
 Only configuration errors stop the daemon at start-up; everything else is a per-cycle error. Nothing in the file
 is ever evaluated as code. Example::
@@ -8,8 +9,6 @@ is ever evaluated as code. Example::
     interval_s = 30            # one cycle: snapshot, collect, decide, act
     dry_run = false            # decide and record, never call Slurm to act
     max_snapshot_age_s = 60    # never act on an older Slurm snapshot
-    db_url = "sqlite:////var/lib/slurm-elastic/state.db"
-    table_prefix = ""          # several stores in one shared database (tests, staging next to production)
     policy_file = "/etc/slurm-elastic/policy.toml"   # used until a version is stored with `policy set`
     holder = ""                # lease holder name; default: hostname:pid
     lease_ttl_s = 90
@@ -19,7 +18,12 @@ is ever evaluated as code. Example::
     accounting_refresh_s = 300 # re-read fair-share weights (sshare) and GPU limits (sacctmgr) this often
     hold_heartbeat_s = 600     # an unchanged hold is stored again this often (0: store every hold, every cycle)
 
-    [agents]
+    [store]                    # the state DB; same section in mig.toml (controller.db_url and
+                               # controller.table_prefix: old spellings, accepted with a warning until the next release)
+    url = "sqlite:////var/lib/slurm-elastic/state.db"
+    table_prefix = ""          # several stores in one shared database (tests, staging next to production)
+
+    [agents]                   # same section in mig.toml (apply_timeout_s is the MIG workflow's)
     key_file = "/etc/slurm-elastic/agent.key"
     url_template = "http://{address}:9817"   # {node} and {address} (the node's NodeAddr) are replaced
     timeout_s = 5.0
@@ -58,12 +62,22 @@ import os
 import re
 import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slurm_elastic.agent.auth import METRICS_ANONYMOUS
+from slurm_elastic.configfile import (
+    AGENT_KEYS,
+    STORE_KEYS,
+    Problems,
+    check_sections,
+    check_table,
+    suggest,
+    take_moved,
+    with_lines,
+)
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.store.models import PREFIX_RE
 from slurm_elastic.store.records import Retention
@@ -141,8 +155,6 @@ _CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] |
     "interval_s": ((int, float), (0.5, 86400)),
     "dry_run": (bool, None),
     "max_snapshot_age_s": ((int, float), (1, 86400)),
-    "db_url": (str, None),
-    "table_prefix": (str, None),
     "policy_file": (str, None),
     "holder": (str, None),
     "lease_ttl_s": ((int, float), (2, 86400)),
@@ -167,20 +179,12 @@ _METRICS_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | No
     "token_file": (str, None),
     "anonymous": (str, None),
 }
-_AGENT_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
-    "key_file": (str, None),
-    "url_template": (str, None),
-    "timeout_s": ((int, float), (0.1, 300)),
-    "urls": (dict, None),
-}
-
-
 def _check(table: Mapping[str, Any], spec: Mapping[str, tuple[type | tuple[type, ...], tuple[float, float] | None]],
            where: str, problems: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in table.items():
         if key not in spec:
-            problems.append(f"{where}.{key}: unknown key (known: {', '.join(sorted(spec))})")
+            problems.append(f"{where}.{key}: unknown key{suggest(key, spec)} (known: {', '.join(sorted(spec))})")
             continue
         types, bounds = spec[key]
         if isinstance(value, bool) and types is not bool and bool not in (types if isinstance(types, tuple) else ()):
@@ -196,7 +200,9 @@ def _check(table: Mapping[str, Any], spec: Mapping[str, tuple[type | tuple[type,
     return out
 
 
-def parse_controller_config(text: str, source: str = "<string>") -> ControllerConfig:
+def parse_controller_config(text: str, source: str = "<string>",
+                            warn: Callable[[str], None] | None = None) -> ControllerConfig:
+    """``warn`` gets deprecation warnings (default: logged)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -205,25 +211,19 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
     version = data.pop("version", None)
     if version != CONFIG_VERSION:
         problems.append(f"version: must be {CONFIG_VERSION} (got {version!r})")
-    sections = {"controller", "agents", "extension", "retention", "api", "metrics"}
-    for key in data:
-        if key not in sections:
-            problems.append(f"{key}: unknown section (known: {', '.join(sorted(sections))})")
+    sections = {"controller", "agents", "store", "extension", "retention", "api", "metrics"}
+    shared = Problems(source)  # [agents] and [store]: the layer shared with mig.toml (configfile.py)
+    check_sections(data, sections, shared)
+    take_moved(data, shared, warn)
     ctl = _check(data.get("controller", {}), _CONTROLLER_KEYS, "controller", problems)
-    agents_raw = dict(data.get("agents", {}))
-    agents = _check(agents_raw, _AGENT_KEYS, "agents", problems)
+    agents = check_table(data.get("agents", {}), AGENT_KEYS, "agents", shared)
+    store = check_table(data.get("store", {}), STORE_KEYS, "store", shared)
+    problems.extend(shared.items)
     urls = agents.get("urls", {})
-    for node, url in urls.items():
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            problems.append(f"agents.urls.{node}: must be an http(s) URL")
     template = agents.get("url_template", AgentsConfig.url_template)
-    try:
-        template.format(node="n", address="a")
-    except (KeyError, IndexError, ValueError) as e:
-        problems.append(f"agents.url_template: only {{node}} and {{address}} may be used ({e})")
     keep = _check(data.get("retention", {}), _RETENTION_KEYS, "retention", problems)
-    if "table_prefix" in ctl and not PREFIX_RE.match(ctl["table_prefix"]):
-        problems.append("controller.table_prefix: up to 16 lower-case letters, digits or '_', starting with a letter")
+    if "table_prefix" in store and not PREFIX_RE.match(store["table_prefix"]):
+        problems.append("store.table_prefix: up to 16 lower-case letters, digits or '_', starting with a letter")
     stale, ttl = ctl.get("lease_stale_s", 0), ctl.get("lease_ttl_s", ControllerConfig.lease_ttl_s)
     if stale and (stale >= ttl or stale < ctl.get("interval_s", ControllerConfig.interval_s)):
         problems.append(f"controller.lease_stale_s: {stale:g} must be at least interval_s (a heartbeat per cycle) "
@@ -261,20 +261,21 @@ def parse_controller_config(text: str, source: str = "<string>") -> ControllerCo
             else:
                 ext_qos = value
         elif key != "env":
-            problems.append(f"extension.{key}: unknown key (known: env, qos, notice_grace_s)")
+            problems.append(f"extension.{key}: unknown key{suggest(key, ('env', 'qos', 'notice_grace_s'))} "
+                            "(known: env, qos, notice_grace_s)")
         elif not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
             problems.append("extension.env: must be a table of strings")
         else:
             ext_env = dict(value)
     if problems:
-        raise ConfigError(f"{source}: " + "; ".join(problems))
+        raise ConfigError(f"{source}: " + "; ".join(with_lines(problems, text)))
     key_file = agents.get("key_file")
     return ControllerConfig(
         interval_s=float(ctl.get("interval_s", 30.0)),
         dry_run=bool(ctl.get("dry_run", False)),
         max_snapshot_age_s=float(ctl.get("max_snapshot_age_s", 60.0)),
-        db_url=str(ctl.get("db_url", ControllerConfig.db_url)),
-        table_prefix=str(ctl.get("table_prefix", "")),
+        db_url=str(store.get("url", ControllerConfig.db_url)),
+        table_prefix=str(store.get("table_prefix", "")),
         policy_file=Path(ctl["policy_file"]) if ctl.get("policy_file") else None,
         holder=str(ctl.get("holder", "")),
         lease_ttl_s=float(ctl.get("lease_ttl_s", 90.0)),

@@ -124,17 +124,31 @@ class CliSlurm:
         self.cli.reconfigure()
 
 
+def node_address(node: str, cli: SlurmCli | None = None) -> str | None:
+    """The node's NodeAddr as Slurm reports it (None: Slurm does not know the node or gives no address)."""
+    for n in (cli or SlurmCli()).nodes():
+        if n.name == node:
+            return n.address
+    return None
+
+
 class HttpAgent:
     """:class:`~slurm_elastic.mig.workflow.AgentPort` over the agents' signed HTTP endpoints."""
 
-    def __init__(self, access: AgentAccess, key: bytes) -> None:
+    def __init__(self, access: AgentAccess, key: bytes,
+                 address_of: Callable[[str], str | None] | None = None) -> None:
         self.access = access
         self._key = key
+        self._address_of = address_of  # a node's NodeAddr, for a url_template with {address}
+
+    def _url(self, node: str) -> str:
+        address = self._address_of(node) if self._address_of is not None and self.access.needs_address else None
+        return self.access.url_for(node, address)
 
     def report(self, node: str) -> NodeMigReport:
         async def go() -> NodeMigReport:
             async with AgentClient(self._key, timeout_s=self.access.timeout_s) as client:
-                return await client.mig_report(self.access.url_for(node))
+                return await client.mig_report(self._url(node))
 
         try:
             return asyncio.run(go())
@@ -144,7 +158,7 @@ class HttpAgent:
     def apply(self, node: str, layout: NodeLayout) -> tuple[tuple[str, ...], NodeMigReport]:
         async def go() -> tuple[tuple[str, ...], NodeMigReport]:
             async with AgentClient(self._key, timeout_s=self.access.timeout_s) as client:
-                answer = await client.mig_apply(self.access.url_for(node), layout,
+                answer = await client.mig_apply(self._url(node), layout,
                                                 timeout_s=self.access.apply_timeout_s)
                 return answer.changes, answer.report
 

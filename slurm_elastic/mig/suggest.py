@@ -11,9 +11,8 @@ agents' MIG reports). Rules, in order:
    layout has none of the wanted type. A GPU is filled with as many instances of the type as fit.
 4. A whole-GPU shortfall is covered by turning MIG off on idle nodes' MIG GPUs whose types nobody waits for.
 
-Each suggestion has a stable reason code and a message with its numbers, and is marked ``auto`` when
-``auto_apply_idle`` is on (the controller applies those; the CLI only prints them). Output order is
-deterministic (node, then GPU index).
+Each suggestion has a stable reason code and a message with its numbers; nothing applies one by itself (an
+administrator runs the ``mig apply`` the CLI prints). Output order is deterministic (node, then GPU index).
 """
 
 from __future__ import annotations
@@ -57,7 +56,6 @@ class Suggestion:
     reason: SuggestReason
     message: str
     covers: Mapping[str, int] = field(default_factory=dict)  # Slurm type -> GPUs it adds
-    auto: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,10 +72,6 @@ class SuggestResult:
     free: Mapping[str, int]
     suggestions: tuple[Suggestion, ...]
     unmet: tuple[Unmet, ...]
-
-    def auto_apply(self) -> tuple[tuple[str, NodeLayout], ...]:
-        """The (node, layout) pairs to apply without asking: only with ``auto_apply_idle`` and idle nodes."""
-        return tuple((s.node, s.layout) for s in self.suggestions if s.auto)
 
 
 WHOLE = "(whole GPU)"
@@ -104,8 +98,7 @@ def _max_fill(model: GpuModel, profile: str) -> int:
     return 0
 
 
-def suggest(pending: Sequence[PendingRequest], nodes: Sequence[GpuNodeView], *,
-            auto_apply_idle: bool = False) -> SuggestResult:
+def suggest(pending: Sequence[PendingRequest], nodes: Sequence[GpuNodeView]) -> SuggestResult:
     mig_types = _mig_types(nodes)
     demand: dict[str, int] = {}
     for r in pending:
@@ -191,8 +184,7 @@ def suggest(pending: Sequence[PendingRequest], nodes: Sequence[GpuNodeView], *,
 
     suggestions = tuple(
         Suggestion(node=node, layout=NodeLayout.of(per_node[node]), reason=reasons[node],
-                   message="; ".join(messages[node]), covers=dict(sorted(covers[node].items())),
-                   auto=auto_apply_idle)
+                   message="; ".join(messages[node]), covers=dict(sorted(covers[node].items())))
         for node in sorted(per_node)
     )
     return SuggestResult(dict(sorted(demand.items())), dict(sorted(free.items())), suggestions, tuple(unmet))

@@ -350,7 +350,7 @@ def test_extension_qos_config() -> None:
     for bad in ("'scav enger'", "'--qos=high'", "'a;b'", "1", "'" + "q" * 65 + "'"):
         with pytest.raises(ConfigError, match="extension.qos"):
             parse_controller_config(f"version = 1\n[extension]\nqos = {bad}\n")
-    with pytest.raises(ConfigError, match=r"extension.nope: unknown key \(known: env, qos\)"):
+    with pytest.raises(ConfigError, match=r"extension.nope: unknown key \(known: env, qos, notice_grace_s\)"):
         parse_controller_config("version = 1\n[extension]\nnope = 1\n")
 
 

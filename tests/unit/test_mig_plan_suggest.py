@@ -66,11 +66,11 @@ def test_pending_mig_requests_turn_an_idle_whole_gpu_into_that_type() -> None:
              view("n2", node_report("n2"), free={"a100": 2})]
     result = suggest([PendingRequest(10, "1g.5gb", 1), PendingRequest(11, "1g.5gb", 2)], nodes)
     (s,) = result.suggestions
-    assert (s.node, s.reason, s.auto) == ("n2", SuggestReason.MIG_SHORTFALL, False)
+    assert (s.node, s.reason) == ("n2", SuggestReason.MIG_SHORTFALL)
     assert s.layout == NodeLayout.of({0: Layout.of({"1g.5gb": 7})})
     assert s.covers == {"1g.5gb": 7}
     assert "3 GPU(s) of type 1g.5gb pending, 0 free" in s.message
-    assert result.unmet == () and result.auto_apply() == ()
+    assert result.unmet == ()
 
 
 def test_whole_gpus_that_pending_jobs_need_are_not_converted() -> None:
@@ -80,13 +80,11 @@ def test_whole_gpus_that_pending_jobs_need_are_not_converted() -> None:
     assert [(u.gpu_type, u.missing) for u in result.unmet] == [("3g.20gb", 1)]
 
 
-def test_a_mig_gpu_with_other_profiles_is_refilled_and_auto_apply_marks_idle_nodes() -> None:
+def test_a_mig_gpu_with_other_profiles_is_refilled() -> None:
     mig = node_report("n3", layout=NodeLayout.of({0: Layout.of({"1g.5gb": 7}), 1: Layout.of({"1g.5gb": 7})}))
-    result = suggest([PendingRequest(12, "3g.20gb", 1, nodes=3)], [view("n3", mig, free={"1g.5gb": 14})],
-                     auto_apply_idle=True)
+    result = suggest([PendingRequest(12, "3g.20gb", 1, nodes=3)], [view("n3", mig, free={"1g.5gb": 14})])
     (s,) = result.suggestions
     assert s.layout == NodeLayout.of({0: Layout.of({"3g.20gb": 2}), 1: Layout.of({"3g.20gb": 2})})
-    assert result.auto_apply() == (("n3", s.layout),)
 
 
 def test_busy_nodes_are_never_candidates_and_supply_covers_demand() -> None:
