@@ -20,6 +20,7 @@ from slurm_elastic.store import (
     ActionState,
     DecisionFilter,
     DuplicateIntentError,
+    HolderProcess,
     JobObservation,
     LeaseLostError,
     LeaseRecord,
@@ -249,7 +250,7 @@ def test_schema_1_to_2_on_mariadb(mariadb: str, prefix: str, clock: FakeClock) -
         with pytest.raises(SchemaOutdatedError):
             SqlStore.open(mariadb, table_prefix=prefix, clock=clock)
         report = st.ensure_schema(upgrade=True)
-        assert report.applied == (1,) and st.schema_version() == 2
+        assert report.applied[0] == 1 and st.schema_version() == CURRENT_SCHEMA_VERSION
         with st.db.engine.begin() as conn:
             MIGRATIONS[1](conn, st.db.models)  # already there: nothing happens
         rec = st.jobs.get_job(7)
@@ -259,3 +260,38 @@ def test_schema_1_to_2_on_mariadb(mariadb: str, prefix: str, clock: FakeClock) -
         st.drop_all()
         st.close()
 
+
+
+def test_schema_2_to_3_and_take_over_on_mariadb(stores: tuple[SqlStore, SqlStore], mariadb: str, prefix: str,
+                                                clock: FakeClock) -> None:
+    """The real 2 -> 3 step (the lease holder's process) on MariaDB keeps the old holder's lease; then two
+    successors that both found the holder gone race to take it over: the database lets exactly one through, with
+    a new epoch, and a holder that renewed in between keeps its lease."""
+    a, b = stores
+    old = a.lease.acquire("old:1", TTL)
+    assert old is not None
+    with a.db.engine.begin() as conn:
+        for column in ("holder_host", "holder_pid", "holder_scope", "holder_start", "stale_after_s"):
+            conn.execute(text(f"ALTER TABLE {prefix}lease DROP COLUMN {column}"))
+        conn.execute(text(f"UPDATE {prefix}schema_version SET version = 2"))
+    report = a.ensure_schema(upgrade=True)
+    assert report.applied == (2,) and a.schema_version() == 3
+    with a.db.engine.begin() as conn:
+        MIGRATIONS[2](conn, a.db.models)  # already there: nothing happens
+    kept = a.lease.get()
+    assert kept is not None and kept.holder == "old:1" and kept.process is None and kept.stale_after is None
+    gone = HolderProcess(host="h", pid=41, scope="boot ns", start=7)
+    mine = HolderProcess(host="h", pid=42, scope="boot ns", start=8)
+    for i in range(10):
+        name = f"gone-{i}"
+        dead = a.lease.acquire("dead:41", TTL, name=name, process=gone, stale_after=timedelta(seconds=6))
+        assert dead is not None and dead.process == gone and dead.stale_after == timedelta(seconds=6)
+        out = race({"ctl-a": lambda d=dead: a.lease.take_over("ctl-a", TTL, d, process=mine),
+                    "ctl-b": lambda d=dead: b.lease.take_over("ctl-b", TTL, d, process=mine)})
+        winners = [r for r in out.values() if isinstance(r, LeaseRecord)]
+        assert len(winners) == 1 and winners[0].epoch == dead.epoch + 1, out
+    alive = a.lease.acquire("alive:1", TTL, name="renewed")
+    assert alive is not None
+    clock.advance(1)
+    assert a.lease.renew(alive.token(), TTL) is not None
+    assert b.lease.take_over("ctl-b", TTL, alive) is None  # it renewed after ctl-b looked
