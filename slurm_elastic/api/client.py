@@ -14,7 +14,8 @@ DEFAULT_SOCKET = Path("/run/slurm-elastic/controller.sock")
 
 
 class ApiError(SlurmElasticError):
-    """The controller refused or failed a request; ``kind`` is permission, request, not_found, unavailable, error or down."""
+    """The controller refused or failed a request; ``kind`` is permission, request, not_found, unavailable, error
+    or down."""
 
     def __init__(self, message: str, kind: str = "error") -> None:
         super().__init__(message)
