@@ -5,6 +5,8 @@
 #   docker-slurm/cluster.sh stop     # cancels jobs, then stops only the daemons this script started (by pid)
 #   docker-slurm/cluster.sh status   # which daemons are up, then sinfo; exit 0 only when all are up
 #   docker-slurm/cluster.sh env      # prints `export SLURM_CONF=...` lines for your shell
+#   docker-slurm/cluster.sh start 24.11   # the same for Slurm 24.11 or 26.05, next to this one
+#                                         # (docker-slurm/release-cluster.sh; 22.05 is the default)
 #
 # Parts: munged, MariaDB, slurmdbd, slurmctld and NODES x `slurmd -N nX` (one port each,
 # SlurmdParameters=config_overrides). GPUs are character device nodes this script makes (mknod c 240 N), so
@@ -420,11 +422,18 @@ cmd_status() {
   return $rc
 }
 
+# A later Slurm release (24.11, 26.05) runs from its own Debian root filesystem, next to this cluster.
+case "${2:-22.05}" in
+  22.05) ;;
+  24.11|26.05) exec "$HERE/release-cluster.sh" "$2" "$1" ;;
+  *) echo "usage: $0 start|stop|restart|status|env [22.05|24.11|26.05]" >&2; exit 2 ;;
+esac
+
 case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
   restart) cmd_stop; cmd_start ;;
   status) cmd_status ;;
   env) cat "$ROOT/env.sh" ;;
-  *) echo "usage: $0 start|stop|restart|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|restart|status|env [22.05|24.11|26.05]" >&2; exit 2 ;;
 esac

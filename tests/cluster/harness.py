@@ -15,7 +15,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "docker-slurm" / "cluster.sh"
-DEFAULT_ROOT = Path(os.environ.get("SLURM_ELASTIC_CLUSTER_DIR", "/var/tmp/slurm-elastic-cluster"))
+# Which cluster: 22.05 (default) or a release cluster (24.11, 26.05), whose env.sh sets both of these and puts
+# its chrooted client commands first in PATH.
+RELEASE = os.environ.get("SLURM_ELASTIC_RELEASE", "22.05")
+DEFAULT_ROOT = Path(os.environ.get(
+    "SLURM_ELASTIC_CLUSTER_DIR",
+    "/var/tmp/slurm-elastic-cluster" + ("" if RELEASE == "22.05" else f"-{RELEASE}")))
 
 
 @dataclass
@@ -46,11 +51,12 @@ class TestCluster:
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
-        subprocess.run([str(CLUSTER_SH), "start"], check=True, timeout=600,
+        subprocess.run([str(CLUSTER_SH), "start", RELEASE], check=True, timeout=900,
                        env={**os.environ, "SLURM_ELASTIC_CLUSTER_DIR": str(self.root)})
 
     def is_up(self) -> bool:
-        cp = subprocess.run([str(CLUSTER_SH), "status"], capture_output=True, text=True, timeout=60, check=False,
+        cp = subprocess.run([str(CLUSTER_SH), "status", RELEASE], capture_output=True, text=True, timeout=60,
+                            check=False,
                             env={**os.environ, "SLURM_ELASTIC_CLUSTER_DIR": str(self.root)})
         return cp.returncode == 0
 

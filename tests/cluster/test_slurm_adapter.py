@@ -9,7 +9,7 @@ import pytest
 from slurm_elastic.slurm.adapter import ResizeRefusedError, SlurmCli
 from slurm_elastic.slurm.errors import SlurmJobNotFoundError
 from slurm_elastic.slurm.runner import SlurmCommands
-from tests.cluster.harness import TestCluster
+from tests.cluster.harness import RELEASE, TestCluster
 
 SLEEPER = "#!/bin/bash\nid -un > /dev/null\nsleep 600\n"
 
@@ -21,10 +21,15 @@ def slurm(clean_cluster: TestCluster) -> SlurmCli:
 
 def test_snapshot_reads_nodes_partitions_and_gpus(slurm: SlurmCli, clean_cluster: TestCluster) -> None:
     snap = slurm.snapshot()
-    assert snap.slurm_version and snap.slurm_version.startswith("22.05")
-    assert snap.data_parser == "v0.0.38"
+    assert snap.slurm_version and snap.slurm_version.startswith(RELEASE)
+    assert snap.data_parser == {"22.05": "v0.0.38", "24.11": "v0.0.42", "26.05": "v0.0.45"}[RELEASE]
     assert sorted(n.name for n in snap.nodes) == clean_cluster.nodes
     assert all(n.gpus() == 4 for n in snap.nodes)
+    # One Node per node with its own values (23.02+ sinfo --json groups them), as scontrol has them.
+    for n in snap.nodes:
+        text = clean_cluster.run(["scontrol", "-o", "show", "node", n.name], check=True).stdout
+        assert f"Port={n.port} " in text and f"NodeAddr={n.address} " in text and f"CPUTot={n.cpus} " in text
+        assert n.slurmd_start_time is not None
     assert {p.name for p in snap.partitions} == {"train", "serve"}
     assert next(p for p in snap.partitions if p.name == "train").is_default
 
