@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slurm_elastic.agent.client import AgentClient
 from slurm_elastic.agent.errors import AgentClientError
@@ -23,8 +23,26 @@ from slurm_elastic.agent.payload import JobReport, NodeReport
 
 @dataclass(frozen=True)
 class CollectResult:
+    """What one metrics source found, by node: the agents' fan-out here, or Prometheus (controller/prometheus.py).
+
+    A source is any callable ``{node: agent URL} -> CollectResult`` (cycle.py's ``Collector``); the cycle only
+    chooses one. ``via`` names the one endpoint that answered for every node (the Prometheus server), None when
+    each node's agent answered itself; ``gpu_counts`` is the GPUs per node where the reports list no devices."""
+
     reports: Mapping[str, NodeReport]
     errors: Mapping[str, str]  # node -> one-line reason (unreachable, 401, bad payload, timeout)
+    via: str | None = None
+    gpu_counts: Mapping[str, int] = field(default_factory=dict)
+
+    def url(self, node: str, agents: Mapping[str, str]) -> str:
+        """Where ``node``'s metrics came from (or were asked for)."""
+        return self.via or agents.get(node, "")
+
+    def gpu_count(self, node: str) -> int:
+        if node in self.gpu_counts:
+            return self.gpu_counts[node]
+        report = self.reports.get(node)
+        return sum(1 for g in report.gpus if g.kind == "gpu") if report is not None else 0
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,17 @@ is ever evaluated as code. Example::
     token_file = ""            # bearer token (0600) that gets the per-job series (job ids, users); "" = none
     anonymous = "reduced"      # without a token: "reduced" (no per-job series), "none" (401), "all"
 
+    [metrics_source]           # where per-job GPU utilization comes from (docs/controller.md, "Metrics source")
+    kind = "agents"            # "agents": each node's agent ([agents]); "prometheus": PromQL on the site's server
+    url = "http://prometheus:9090"   # kind = "prometheus": the server (its HTTP API, /api/v1/query)
+    series = "dcgm"            # "dcgm": dcgm-exporter, HPC job mapping; "agent": the agents' slurm_elastic_job_*
+    window_s = 60              # "dcgm": each sample's mean and max cover this range
+    timeout_s = 10.0
+    token_file = ""            # bearer token for the server's API, if it asks for one
+    node_label = "Hostname"    # "dcgm": the node and Slurm job labels
+    job_label = "hpc_job"
+    matchers = ""              # extra label matchers for every selector, e.g. 'cluster="a"'
+
     [retention]                # days to keep; 0 keeps forever (open journal actions are always kept)
     samples_days = 7
     decisions_days = 90
@@ -117,6 +128,29 @@ class MetricsConfig:
     anonymous: str = "reduced"  # one of agent.auth.METRICS_ANONYMOUS
 
 
+METRICS_SOURCE_KINDS = ("agents", "prometheus")
+PROMETHEUS_SERIES = ("dcgm", "agent")
+#: A Prometheus label name, and a list of label matchers (``a="x", b=~"y.*"``) added to every selector.
+LABEL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\\n]|\\.)*"\s*'
+MATCHERS_RE = re.compile(rf"^(?:{_MATCHER}(?:,{_MATCHER})*)?\Z")
+
+
+@dataclass(frozen=True)
+class MetricsSourceConfig:
+    """Where the controller reads per-job GPU utilization: the agents, or the site's Prometheus."""
+
+    kind: str = "agents"  # one of METRICS_SOURCE_KINDS
+    url: str = ""
+    series: str = "dcgm"  # one of PROMETHEUS_SERIES
+    window_s: float = 60.0
+    timeout_s: float = 10.0
+    token_file: Path | None = None
+    node_label: str = "Hostname"
+    job_label: str = "hpc_job"
+    matchers: str = ""
+
+
 @dataclass(frozen=True)
 class ControllerConfig:
     interval_s: float = 30.0
@@ -139,6 +173,7 @@ class ControllerConfig:
     retention: Retention = field(default_factory=Retention)
     api: ApiConfig = field(default_factory=ApiConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    metrics_source: MetricsSourceConfig = field(default_factory=MetricsSourceConfig)
     source: str = "<defaults>"
 
     @property
@@ -179,6 +214,17 @@ _METRICS_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | No
     "token_file": (str, None),
     "anonymous": (str, None),
 }
+_METRICS_SOURCE_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
+    "kind": (str, None),
+    "url": (str, None),
+    "series": (str, None),
+    "window_s": ((int, float), (5, 86400)),
+    "timeout_s": ((int, float), (0.1, 300)),
+    "token_file": (str, None),
+    "node_label": (str, None),
+    "job_label": (str, None),
+    "matchers": (str, None),
+}
 def _check(table: Mapping[str, Any], spec: Mapping[str, tuple[type | tuple[type, ...], tuple[float, float] | None]],
            where: str, problems: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -211,7 +257,7 @@ def parse_controller_config(text: str, source: str = "<string>",
     version = data.pop("version", None)
     if version != CONFIG_VERSION:
         problems.append(f"version: must be {CONFIG_VERSION} (got {version!r})")
-    sections = {"controller", "agents", "store", "extension", "retention", "api", "metrics"}
+    sections = {"controller", "agents", "store", "extension", "retention", "api", "metrics", "metrics_source"}
     shared = Problems(source)  # [agents] and [store]: the layer shared with mig.toml (configfile.py)
     check_sections(data, sections, shared)
     take_moved(data, shared, warn)
@@ -234,6 +280,8 @@ def parse_controller_config(text: str, source: str = "<string>",
         problems.append(f"metrics.anonymous: one of {', '.join(METRICS_ANONYMOUS)} (got {metrics['anonymous']!r})")
     if "address" in metrics and not metrics["address"]:
         problems.append("metrics.address: must not be empty (127.0.0.1: this host only)")
+    source_cfg = _metrics_source(_check(data.get("metrics_source", {}), _METRICS_SOURCE_KEYS, "metrics_source",
+                                        problems), problems)
     if "socket" in api and api["socket"] and not api["socket"].startswith("/"):
         problems.append("api.socket: must be an absolute path (or \"\" to disable the API)")
     defaults = Retention()
@@ -305,8 +353,36 @@ def parse_controller_config(text: str, source: str = "<string>",
                               address=str(metrics.get("address", MetricsConfig.address)),
                               token_file=Path(metrics["token_file"]) if metrics.get("token_file") else None,
                               anonymous=str(metrics.get("anonymous", MetricsConfig.anonymous))),
+        metrics_source=source_cfg,
         source=source,
     )
+
+
+def _metrics_source(raw: Mapping[str, Any], problems: list[str]) -> MetricsSourceConfig:
+    """[metrics_source], checked beyond types: a known kind and series, a URL for Prometheus, label names and
+    matchers that can only ever be label names and matchers inside the PromQL the controller builds."""
+    d = MetricsSourceConfig()
+    kind, series = raw.get("kind", d.kind), raw.get("series", d.series)
+    if kind not in METRICS_SOURCE_KINDS:
+        problems.append(f"metrics_source.kind: one of {', '.join(METRICS_SOURCE_KINDS)} (got {kind!r})")
+    if series not in PROMETHEUS_SERIES:
+        problems.append(f"metrics_source.series: one of {', '.join(PROMETHEUS_SERIES)} (got {series!r})")
+    url = str(raw.get("url", "")).rstrip("/")
+    if kind == "prometheus" and not url.startswith(("http://", "https://")):
+        problems.append("metrics_source.url: the Prometheus server's http(s) URL is required with kind = "
+                        "\"prometheus\" (e.g. \"http://prometheus:9090\")")
+    for key in ("node_label", "job_label"):
+        if key in raw and not LABEL_NAME_RE.match(raw[key]):
+            problems.append(f"metrics_source.{key}: a Prometheus label name (letters, digits, '_'), got {raw[key]!r}")
+    if "matchers" in raw and not MATCHERS_RE.match(raw["matchers"]):
+        problems.append(f"metrics_source.matchers: label matchers such as 'cluster=\"a\", rack=~\"r1.*\"', "
+                        f"got {raw['matchers']!r}")
+    return MetricsSourceConfig(
+        kind=str(kind), url=url, series=str(series), window_s=float(raw.get("window_s", d.window_s)),
+        timeout_s=float(raw.get("timeout_s", d.timeout_s)),
+        token_file=Path(raw["token_file"]) if raw.get("token_file") else None,
+        node_label=str(raw.get("node_label", d.node_label)), job_label=str(raw.get("job_label", d.job_label)),
+        matchers=str(raw.get("matchers", "")).strip())
 
 
 def load_controller_config(path: Path) -> ControllerConfig:

@@ -315,15 +315,16 @@ class Controller:
 
     def _measure(self, snap: ClusterSnapshot, units: tuple[ElasticUnit, ...], builder: PolicyInputBuilder
                  ) -> tuple[dict[int, list[SampleRecord]], dict[int, UnitMeasure]]:
-        """The I/O behind the units' utilization: ask every agent, store one sample per unit, read back each
-        unit's samples of its window and, where its settings use it, the goodput the job published."""
+        """The I/O behind the units' utilization: ask the metrics source (every agent, or Prometheus: the
+        collector chosen at start), store one sample per unit, read back each unit's samples of its window and,
+        where its settings use it, the goodput the job published."""
         agents = {n.name: self.cfg.agents.url_for(n.name, n.address) for n in snap.nodes}
         result = self.collector(agents) if units else CollectResult({}, {})
         for node, report in result.reports.items():
-            self.store.agents.agent_seen(node, url=agents[node], version=report.agent_version,
-                                         gpu_count=sum(1 for g in report.gpus if g.kind == "gpu"))
+            self.store.agents.agent_seen(node, url=result.url(node, agents), version=report.agent_version,
+                                         gpu_count=result.gpu_count(node))
         for node, err in result.errors.items():
-            self.store.agents.agent_failed(node, url=agents[node], error=err)
+            self.store.agents.agent_failed(node, url=result.url(node, agents), error=err)
             if self.metrics is not None:
                 self.metrics.scrape_errors.labels(node).inc()
         new: list[NewSample] = []

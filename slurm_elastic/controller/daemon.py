@@ -27,7 +27,8 @@ from slurm_elastic.controller.collect import CollectResult, collect_sync
 from slurm_elastic.controller.config import ControllerConfig, load_controller_config
 from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.metrics import ControllerMetrics, observe_cycle, serve_metrics
-from slurm_elastic.controller.ports import ControllerStore
+from slurm_elastic.controller.ports import AgentCollector, ControllerStore
+from slurm_elastic.controller.prometheus import PrometheusSource
 from slurm_elastic.errors import ConfigError, SlurmElasticError
 from slurm_elastic.policy import PolicyConfig, default_config, parse_config
 from slurm_elastic.slurm.adapter import SlurmCli
@@ -134,23 +135,36 @@ def start_api(cfg: ControllerConfig) -> ApiServer | None:
 
 def build_controller(cfg: ControllerConfig) -> Controller:
     """Everything from config; raises ConfigError (the only start-up failure) on bad config or key file."""
-    if cfg.agents.key_file is None:
-        raise ConfigError(f"{cfg.source}: agents.key_file is required (the agents refuse unsigned requests)")
-    key = load_key(cfg.agents.key_file)
+    collector = build_collector(cfg)
     from_file = read_policy_file(cfg)  # every check that may refuse the start comes before the DB is created
     store = SqlStore.open(cfg.db_url, table_prefix=cfg.table_prefix)
     restrict_sqlite_file(cfg.db_url)
     policy, source = load_policy(cfg, store, from_file)
     log.info("policy from %s; dry_run=%s; interval %.1fs", source, cfg.dry_run, cfg.interval_s)
 
-    def collector(agents: Mapping[str, str]) -> CollectResult:
-        return collect_sync(agents, key, timeout_s=cfg.agents.timeout_s)
-
     slurm = SlurmCli()
     actuator = Actuator(slurm, store, cfg.extension_env, fault=_fault_hook_from_env(),
                         extension_qos=cfg.extension_qos)
     return Controller(cfg, policy, slurm=slurm, store=store, collector=collector, actuator=actuator,
                       metrics=ControllerMetrics())
+
+
+def build_collector(cfg: ControllerConfig) -> AgentCollector:
+    """The metrics source ``[metrics_source] kind`` names: the agents' fan-out (needs the agents' key) or the
+    site's Prometheus (controller/prometheus.py; its bearer token, if any, is read like the metrics token)."""
+    source = cfg.metrics_source
+    if source.kind == "prometheus":
+        token = load_token(source.token_file) if source.token_file is not None else None
+        log.info("metrics source: Prometheus %s (%s series)", source.url, source.series)
+        return PrometheusSource(source, token=token)
+    if cfg.agents.key_file is None:
+        raise ConfigError(f"{cfg.source}: agents.key_file is required (the agents refuse unsigned requests)")
+    key = load_key(cfg.agents.key_file)
+
+    def collector(agents: Mapping[str, str]) -> CollectResult:
+        return collect_sync(agents, key, timeout_s=cfg.agents.timeout_s)
+
+    return collector
 
 
 def start_metrics(cfg: ControllerConfig, metrics: ControllerMetrics | None) -> WSGIServer | None:
