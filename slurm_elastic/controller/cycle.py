@@ -301,10 +301,12 @@ class Controller:
                     spec_error=reason))
                 log.info("job %s: directives ignored: %s", bad.display_id, reason)
         live = {j.job_id for j in snap.jobs if j.state in ACTIVE}
+        # From 23.02 on finished jobs are not in squeue --all at all: how they ended comes from sacct.
+        final = self._final_states([r.job_id for r in known if r.job_id not in live and snap.job(r.job_id) is None])
         for rec in known:
             if rec.job_id not in live:
                 gone = snap.job(rec.job_id)
-                self.store.jobs.mark_job_ended(rec.job_id, gone.state if gone else "ENDED")
+                self.store.jobs.mark_job_ended(rec.job_id, gone.state if gone else final.get(rec.job_id, "ENDED"))
 
     def _unit_parts(self, unit: ElasticUnit) -> list[tuple[int, str]]:
         """(Slurm job id, node) for every node of the unit: the leader's and each running extension's."""

@@ -429,3 +429,18 @@ def test_a_node_the_controller_released_is_not_a_leader_loss() -> None:
         slurm.node_state[n] = ("DOWN", ())  # released nodes that go down later are not the job's loss
     run(ctl, clock, 5)
     assert _losses(store) == []
+
+
+def test_a_leader_that_left_squeue_ends_as_sacct_has_it() -> None:
+    """From 23.02 on a finished job is not in squeue --all at all: its record ends with sacct's state."""
+    clock = FakeClock(T0)
+    ctl, slurm, agents, store, ext_id = _grown(clock)
+    away = AccountingSlurm(clock)
+    away.jobs, away.next_id = dict(slurm.jobs), slurm.next_id
+    del away.jobs[10]
+    away.accounting[10] = "TIMEOUT"
+    ctl.slurm = away  # type: ignore[assignment]
+    ctl.run_cycle()
+    rec = store.jobs.get_job(10)
+    assert rec is not None and rec.state == "TIMEOUT"
+    assert [10] in away.sacct_calls
