@@ -439,7 +439,7 @@ def test_a_leader_that_left_squeue_ends_as_sacct_has_it() -> None:
     away.jobs, away.next_id = dict(slurm.jobs), slurm.next_id
     del away.jobs[10]
     away.accounting[10] = "TIMEOUT"
-    ctl.slurm = away  # type: ignore[assignment]
+    ctl.slurm = away
     ctl.run_cycle()
     rec = store.jobs.get_job(10)
     assert rec is not None and rec.state == "TIMEOUT"
