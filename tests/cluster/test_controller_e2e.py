@@ -7,6 +7,7 @@ with a small-number policy (window 10 s, cooldown 15 s, grace 3 s), and watches 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -229,7 +230,11 @@ def test_torchrun_workers_join_the_rendezvous_as_the_job_grows(stack: Agents, tm
     assert (jobs_python / "python3").exists(), "scripts/bootstrap builds .venv-jobs with torch"
     env_path = f"{jobs_python}:/usr/local/bin:/usr/bin:/bin"
     script = torchrun_test_script(cluster)
-    cp = cluster.run(["env", f"PATH={env_path}", "sbatch", "--parsable", f"--chdir={REPO / 'sbatch_templates'}",
+    work = cluster.jobs_dir / f"work-{tmp_path.name}"  # the user's own working directory: notices, checkpoints
+    work.mkdir()
+    shutil.copy(REPO / "sbatch_templates" / "train_elastic.py", work / "train_elastic.py")
+    shutil.chown(work, "alice")
+    cp = cluster.run(["env", f"PATH={env_path}", "sbatch", "--parsable", f"--chdir={work}",
                       f"--output={cluster.jobs_dir}/%j.out", "-N1", "--gres=gpu:2", "--time=60"],
                      user="alice", input_text=script)
     assert cp.returncode == 0, cp.stderr
