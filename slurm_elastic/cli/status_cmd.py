@@ -26,8 +26,8 @@ def status_cmd(*, url: str | None, socket_: str | None, parsable: bool, as_json:
     process = f"pid {s['lease_pid']} on {s['lease_host']}" if s["lease_pid"] is not None else ""
     answered = s["answered_by"] and f"{s['answered_by']}{' (standby)' if s['standby'] else ''}"
     rows: list[tuple[str, Any]] = [
-        ("controller", f"{s['controller']} ({s['controller_detail']})" if s["controller"] != "up"
-         else s["controller"]),
+        # The state stays one word (scripts read `-P`); why it is not up goes in its own row.
+        ("controller", s["controller"]), ("controller_detail", s["controller_detail"] or ""),
         ("lease_holder", s["lease_holder"] or "(none)"), ("lease_process", process),
         ("heartbeat_age", "" if heartbeat is None else age(heartbeat)), ("answered_by", answered or ""),
         ("last_cycle", s["last_cycle"] or "(never)"), ("last_cycle_duration", "" if dur is None else f"{dur:.2f}s"),

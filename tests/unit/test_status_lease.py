@@ -91,6 +91,7 @@ def test_cli_prints_the_state_with_why(tmp_path: Path) -> None:
     # the CLI reads with the real clock: the lease written at the fake T0 (2025) expired long ago
     r = CliRunner().invoke(main, ["status", "--url", sqlite_url(tmp_path / "s.db")])
     assert r.exit_code == 0, r.output
-    line = next(x for x in r.output.splitlines() if x.startswith("controller"))
-    assert "down (the lease of ctl1:4242 expired" in line
+    lines = r.output.splitlines()
+    assert next(x for x in lines if x.startswith("controller ")).split() == ["controller", "down"]
+    assert "the lease of ctl1:4242 expired" in next(x for x in lines if x.startswith("controller_detail"))
     assert "pid 4242 on ctl1" not in r.output  # an expired lease has no holder process to show
