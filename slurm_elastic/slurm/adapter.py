@@ -43,7 +43,7 @@ from slurm_elastic.slurm.accounting import (
 )
 from slurm_elastic.slurm.errors import SlurmCommandError, SlurmError, SlurmParseError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job, Node, Partition
-from slurm_elastic.slurm.openapi import parse_nodes, parse_squeue
+from slurm_elastic.slurm.openapi import gc_paused, parse_nodes, parse_squeue
 from slurm_elastic.slurm.runner import SlurmCommands
 from slurm_elastic.slurm.scontrol_text import parse_partitions
 
@@ -116,10 +116,12 @@ class SlurmCli:
             raise SlurmParseError(f"{argv[0]} returned JSON nested too deeply") from None
 
     def jobs(self) -> tuple[Job, ...]:
-        return parse_squeue(self._json(["squeue", "--all", "--json"]))[1]
+        with gc_paused():
+            return parse_squeue(self._json(["squeue", "--all", "--json"]))[1]
 
     def nodes(self) -> tuple[Node, ...]:
-        return self._nodes()
+        with gc_paused():
+            return self._nodes()
 
     def _nodes(self) -> tuple[Node, ...]:
         """One Node per node: ``scontrol show nodes --json`` where scontrol has JSON (23.02+); there ``sinfo
@@ -141,8 +143,9 @@ class SlurmCli:
         return parse_partitions(self.cmd.run(["scontrol", "-o", "show", "partition"]).stdout)
 
     def snapshot(self) -> ClusterSnapshot:
-        meta, jobs = parse_squeue(self._json(["squeue", "--all", "--json"]))
-        nodes = self._nodes()
+        with gc_paused():  # the cycle's largest allocation (openapi.gc_paused says why)
+            meta, jobs = parse_squeue(self._json(["squeue", "--all", "--json"]))
+            nodes = self._nodes()
         return ClusterSnapshot(
             taken_at=datetime.now(tz=UTC),
             jobs=jobs,

@@ -148,19 +148,20 @@ class ClusterSnapshot:
     slurm_version: str | None = None
     data_parser: str | None = None
     _by_id: Mapping[int, Job] = field(default_factory=dict, repr=False, compare=False)
+    _by_name: Mapping[str, Node] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self._by_id:
             object.__setattr__(self, "_by_id", {j.job_id: j for j in self.jobs})
+        # Rebuilt by every replace(): the first node of a name wins, as the scan this replaced did.
+        object.__setattr__(self, "_by_name", {n.name: n for n in reversed(self.nodes)})
 
     def job(self, job_id: int) -> Job | None:
         return self._by_id.get(job_id)
 
     def node(self, name: str) -> Node | None:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        return None
+        """By name in O(1): called per node of every unit each cycle (losses, actuator)."""
+        return self._by_name.get(name)
 
     def age_seconds(self, now: datetime) -> float:
         return (now - self.taken_at).total_seconds()

@@ -21,9 +21,11 @@ Differences recorded on live clusters (tests/fixtures/slurm/<release>/recorded):
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -212,6 +214,21 @@ def _job(raw: Any) -> Job:
         standard_output=_output_path(j.get("standard_output"), working_dir),
         standard_error=_output_path(j.get("standard_error"), working_dir),
     )
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Cyclic garbage collection off while a large reply is decoded and parsed: the millions of dicts, lists
+    and records it allocates set off collections that walk every live object again and again, which cost as
+    much as the parse itself and grow faster than the reply (bench/controller_cycle.py). Nothing in a reply
+    forms cycles; the previous state is restored after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def parse_squeue(doc: Any) -> tuple[ReplyMeta, tuple[Job, ...]]:
