@@ -16,6 +16,7 @@ are pending. Per repetition, timed as process CPU time:
 Target (issue 7): parse + units + policy + DB write <= 1 s of CPU.
 
     .venv/bin/python bench/controller_cycle.py [--jobs 10000] [--nodes 2000] [--gpus-per-node 8] [--repeat 3]
+    .venv/bin/python bench/controller_cycle.py --sizes 1000,10000,25000,51000,100000 --repeat 1   # growth table
 """
 
 from __future__ import annotations
@@ -40,9 +41,16 @@ from slurm_elastic.controller.units import SpecCache, build_units  # noqa: E402
 from slurm_elastic.policy import Decision, JobUtilization, PolicyInput, config_from_mapping, decide  # noqa: E402
 from slurm_elastic.slurm.hostlist import compress  # noqa: E402
 from slurm_elastic.slurm.model import ClusterSnapshot, Partition  # noqa: E402
-from slurm_elastic.slurm.openapi import parse_nodes, parse_squeue  # noqa: E402
+from slurm_elastic.slurm.openapi import gc_paused, parse_nodes, parse_squeue  # noqa: E402
 from slurm_elastic.store import NewDecision, SqlStore  # noqa: E402
 from slurm_elastic.store.sqlstore import sqlite_url  # noqa: E402
+
+try:
+    import orjson as _orjson_module
+
+    _orjson: Any = _orjson_module
+except ImportError:  # measured only where installed
+    _orjson = None
 
 FIXTURES = ROOT / "tests" / "fixtures" / "slurm" / "22.05"
 NOW = datetime(2025, 6, 2, 12, 0, tzinfo=UTC)
@@ -155,8 +163,9 @@ def new_decision(d: Decision) -> NewDecision:
 
 
 def _snapshot(squeue_text: str, sinfo_text: str) -> ClusterSnapshot:
-    _, jobs = parse_squeue(json.loads(squeue_text))
-    _, nodes = parse_nodes(json.loads(sinfo_text))
+    with gc_paused():  # as SlurmCli.snapshot() reads
+        _, jobs = parse_squeue(json.loads(squeue_text))
+        _, nodes = parse_nodes(json.loads(sinfo_text))
     parts = sorted({p for n in nodes for p in n.partitions})
     return ClusterSnapshot(NOW, jobs, nodes,
                            tuple(Partition(p, tuple(n.name for n in nodes if p in n.partitions)) for p in parts))
@@ -179,6 +188,11 @@ def one_cycle(squeue_text: str, sinfo_text: str, cfg: Any, db: Path, seed: int) 
     t0 = clock()
     snap = _snapshot(squeue_text, sinfo_text)
     times["parse"] = clock() - t0
+    if _orjson is not None:  # the same parse on orjson's decoder (installed by hand: not a dependency)
+        t0 = clock()
+        with gc_paused():
+            parse_squeue(_orjson.loads(squeue_text)), parse_nodes(_orjson.loads(sinfo_text))
+        times["parse (orjson)"] = clock() - t0
     t0 = clock()
     result = build_units(snap, read_script=lambda _: None, is_known_key=lambda _job, _key: True, cache=SpecCache())
     times["units"] = clock() - t0
@@ -202,6 +216,33 @@ def one_cycle(squeue_text: str, sinfo_text: str, cfg: Any, db: Path, seed: int) 
     return times, counts
 
 
+def growth_table(sizes: list[int], gpus_per_node: int, repeat: int, seed: int) -> int:
+    """One row per size (jobs; nodes = jobs / 5, as at the largest sites): median CPU s of each stage, and the
+    cycle's growth against the size before it (1.00 x the jobs' growth = linear)."""
+    cfg = site_config()
+    print("| jobs / nodes / GPUs | json.loads | parse | units | policy | DB write | cycle CPU s | growth vs jobs |")
+    print("|---|---|---|---|---|---|---|---|")
+    prev: tuple[int, float] | None = None
+    for n_jobs in sizes:
+        n_nodes = max(10, n_jobs // 5)
+        squeue_text, sinfo_text = build_documents(n_jobs, n_nodes, gpus_per_node, seed)
+        stages: dict[str, list[float]] = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for rep in range(max(1, min(repeat, 20))):
+                times, _ = one_cycle(squeue_text, sinfo_text, cfg, Path(tmp) / f"bench-{rep}.db", rep)
+                for key, value in times.items():
+                    stages.setdefault(key, []).append(value)
+        del squeue_text, sinfo_text
+        med = {k: statistics.median(v) for k, v in stages.items()}
+        total = med["parse"] + med["units"] + med["policy"] + med["DB write"]
+        growth = "" if prev is None else f"{(total / prev[1]) / (n_jobs / prev[0]):.2f}"
+        print(f"| {n_jobs:,} / {n_nodes:,} / {n_nodes * gpus_per_node:,} | {med['json.loads']:.2f} | "
+              f"{med['parse']:.2f} | {med['units']:.2f} | {med['policy']:.2f} | {med['DB write']:.2f} | "
+              f"**{total:.2f}** | {growth} |", flush=True)
+        prev = (n_jobs, total)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=10_000)
@@ -209,16 +250,20 @@ def main() -> int:
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sizes", default="", help="comma-separated job counts: the growth table (nodes = jobs / 5)")
     args = ap.parse_args()
+    if args.sizes:
+        return growth_table([int(x) for x in args.sizes.split(",") if x.strip()], args.gpus_per_node,
+                            args.repeat, args.seed)
     squeue_text, sinfo_text = build_documents(args.jobs, args.nodes, args.gpus_per_node, args.seed)
     cfg = site_config()
-    stages: dict[str, list[float]] = {k: [] for k in ("json.loads", "parse", "units", "policy", "DB write")}
+    stages: dict[str, list[float]] = {}
     counts = ""
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(max(1, min(args.repeat, 20))):
             times, counts = one_cycle(squeue_text, sinfo_text, cfg, Path(tmp) / f"bench-{rep}.db", rep)
             for key, value in times.items():
-                stages[key].append(value)
+                stages.setdefault(key, []).append(value)
     med = {k: statistics.median(v) for k, v in stages.items()}
     base = med["json.loads"]
     total = med["parse"] + med["units"] + med["policy"] + med["DB write"]
