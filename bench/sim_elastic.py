@@ -46,13 +46,16 @@ RULES: tuple[tuple[str, str, Any, Any], ...] = (
     ("goodput", "goodput", True, False),
     ("reserve", "free_node_reserve", 1, 0),
     ("extend_time_limit", "extend_time_limit_on_shrink", True, False),
+    ("tail_protection", "tail_protection", True, False),
+    ("victim_by_service", "victim_by_service", True, False),
 )
 ARTIFACT = {"rigid FIFO + greedy backfill": 6262, "Tiresias": 3470, "Pollux": 2446}
 
 
 class Bench:
-    def __init__(self, nodes: int, gpus_per_node: int) -> None:
+    def __init__(self, nodes: int, gpus_per_node: int, scheduler: str = "backfill") -> None:
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
+        self.scheduler = scheduler  # the base scheduler of every table but "artifact": backfill (EASY) or greedy
         self._loaded: dict[tuple[str, int], tuple[Workload, dict[str, JobPerf]]] = {}
         self._baselines: dict[tuple[str, int, str], Metrics] = {}
         self.runs = 0
@@ -65,8 +68,9 @@ class Bench:
             self._loaded[key] = (workload, build_models(workload, self.gpus_per_node, random.Random(0)))
         return self._loaded[key]
 
-    def run(self, wset: str, n: int, cfg: PolicyConfig | None, *, scheduler: str = "backfill",
+    def run(self, wset: str, n: int, cfg: PolicyConfig | None, *, scheduler: str | None = None,
             settings: AdapterSettings | None = None) -> Metrics:
+        scheduler = scheduler or self.scheduler
         if cfg is None and (wset, n, scheduler) in self._baselines:
             return self._baselines[(wset, n, scheduler)]
         workload, models = self._workload(wset, n)
@@ -95,21 +99,26 @@ def _mean(values: Sequence[float]) -> float:
 
 def table_compare(bench: Bench, wset: str, workloads: Sequence[int], cfg: PolicyConfig, title: str, *,
                   settings: AdapterSettings | None = None) -> None:
-    print(f"\n### {title}\n")
+    print(f"\n### {title} ({bench.scheduler} base)\n")
     print("| workload | avg JCT rigid | avg JCT elastic | Δ avg | p50 rigid | p50 elastic | p99 rigid | p99 elastic "
           "| Δ p99 | starved rigid / elastic | resizes per job |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     d_avg: list[float] = []
     d_p99: list[float] = []
+    starved = [0, 0]
     for n in workloads:
         b = bench.run(wset, n, None)
         e = bench.run(wset, n, cfg, settings=settings)
         d_avg.append(e.avg_jct / b.avg_jct - 1)
         d_p99.append(e.p99_jct / b.p99_jct - 1)
+        starved[0] += b.starvation
+        starved[1] += e.starvation
         print(f"| {wset}/workload-{n} | {_fmt(b.avg_jct)} | {_fmt(e.avg_jct)} | {_pct(e.avg_jct, b.avg_jct)} "
               f"| {_fmt(b.p50_jct)} | {_fmt(e.p50_jct)} | {_fmt(b.p99_jct)} | {_fmt(e.p99_jct)} "
               f"| {_pct(e.p99_jct, b.p99_jct)} | {b.starvation} / {e.starvation} | {e.resizes:.2f} |")
-    print(f"| **mean** | | | **{_mean(d_avg) * 100:+.0f}%** | | | | | **{_mean(d_p99) * 100:+.0f}%** | | |")
+    print(f"| **mean** | | | **{_mean(d_avg) * 100:+.0f}%** | | | | | **{_mean(d_p99) * 100:+.0f}%** "
+          f"| **{starved[0]} / {starved[1]}** | |")
+    print(f"| **worst** | | | **{max(d_avg) * 100:+.0f}%** | | | | | **{max(d_p99) * 100:+.0f}%** | | |")
 
 
 def table_rules(bench: Bench, workloads: Sequence[int], base: Mapping[str, Any], name: str) -> None:
@@ -165,15 +174,17 @@ def main() -> int:
                         choices=["main", "sets", "defaults", "rules", "rules-defaults", "artifact", "limits", "all"])
     parser.add_argument("--policy", type=Path, default=ROOT / "bench" / "sim-policy.toml")
     parser.add_argument("--workloads", type=_workloads, default=list(range(1, 9)))
+    parser.add_argument("--scheduler", choices=["backfill", "greedy"], default="backfill",
+                        help="base scheduler of rigid and elastic: EASY backfill or FIFO + greedy backfill")
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     args = parser.parse_args()
     base = tomllib.loads(args.policy.read_text(encoding="utf-8"))
     cfg = config_from_mapping(base, str(args.policy))
-    bench = Bench(args.nodes, args.gpus_per_node)
+    bench = Bench(args.nodes, args.gpus_per_node, args.scheduler)
     steps: list[tuple[str, Callable[[], None]]] = [
         ("main", lambda: table_compare(bench, "workloads", args.workloads, cfg,
-                                       f"Rigid (EASY backfill) vs elastic ({args.policy.name})")),
+                                       f"Rigid vs elastic ({args.policy.name})")),
         ("sets", lambda: [table_compare(bench, s, args.workloads, cfg, f"{s}: rigid vs elastic ({args.policy.name})")
                           for s in ("workloads-0.5", "workloads-1.5")]),
         ("defaults", lambda: table_compare(bench, "workloads", args.workloads, default_config(),

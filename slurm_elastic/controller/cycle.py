@@ -30,6 +30,7 @@ from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import LossRecorder
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
+from slurm_elastic.controller.progress import journal_since, with_progress
 from slurm_elastic.controller.ports import AgentCollector, Clock, ControllerStore, SlurmControl
 from slurm_elastic.controller.shares import AccountingCache
 from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units
@@ -222,9 +223,12 @@ class Controller:
         policy = with_paused_jobs(self.policy, paused_units(built.units, self.store.pauses.list_pauses()))
         builder = PolicyInputBuilder(policy, now, self.cfg.interval_s)
         samples, measures = self._measure(snap, built.units, builder)
+        history = self._history(recent, units) + self.losses.history(units, now)
+        since = journal_since(built.units, now, timedelta(days=1))  # a unit that started before the day read above
+        lives = history if since is None else (self._history(self.store.journal.list_actions(since=since), units)
+                                               + self.losses.history(units, now))
         inp = builder.build(
-            snap, built.units, samples=samples, measures=measures,
-            history=self._history(recent, units) + self.losses.history(units, now),
+            snap, with_progress(built.units, lives, now), samples=samples, measures=measures, history=history,
             in_progress=[ActionInProgress(unit_id, str(a.kind), a.created_at) for unit_id, a in open_by_unit.items()],
             extension_ends=self._extension_ends(now), account_shares=self.accounting.shares(),
             gpu_limits=self.accounting.gpu_limits(), extension_qos=self.cfg.extension_qos or None)

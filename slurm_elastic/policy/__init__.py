@@ -52,10 +52,13 @@ from slurm_elastic.policy.model import (
     ShrinkPlan,
     ThroughputSample,
 )
+from slurm_elastic.policy.progress import Progress, unit_progress
 from slurm_elastic.policy.reasons import REASON_DOCS, Action, Basis, Reason
 from slurm_elastic.policy.schema import CONFIG_VERSION, KEYS, render_defaults_toml, render_keys_markdown
 
 __all__ = [
+    "Progress",
+    "unit_progress",
     "CONFIG_VERSION",
     "KEYS",
     "REASON_DOCS",

@@ -211,6 +211,10 @@ class PolicyConfig:
         return frozenset(cast(tuple[int, ...], self.resolve("paused_jobs").value))
 
     @property
+    def victim_by_service(self) -> bool:
+        return cast(bool, self.resolve("victim_by_service").value)
+
+    @property
     def admit_backoff_s(self) -> int:
         return cast(int, self.resolve("admit_backoff_s").value)
 
@@ -237,6 +241,9 @@ class UnitSettings:
     paused: bool
     shrink_to_admit: bool
     admit_victim_interval_s: int
+    tail_protection: bool
+    max_shrunk_share: int
+    tail_min_shrunk_s: int
     fair_share: bool
     max_extension_nodes_per_account: int
     max_extension_nodes_per_qos: int

@@ -32,7 +32,7 @@ from types import MappingProxyType
 
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver
 from slurm_elastic.policy.errors import PolicyInputError
-from slurm_elastic.policy.evaluate import evaluate
+from slurm_elastic.policy.evaluate import evaluate, tail_text
 from slurm_elastic.policy.holds import hold_blocked
 from slurm_elastic.policy.model import Decision, GrowPlan, PolicyInput, ResizeRecord, ShrinkPlan
 from slurm_elastic.policy.reasons import Action, Basis, Reason
@@ -143,6 +143,10 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
         w.inputs["admits"] = ids
         msg = (f"gives back {w.admit_taken} node(s) above min {unit.min_nodes} so that pending job(s) {ids} "
                f"(priority {w.admit_priority} > {job.priority}) can start")
+        if "victim_marginal_loss" in w.inputs:
+            attained = w.unit.attained_gpu_s
+            msg += (f"; victim by least marginal loss ({w.inputs['victim_marginal_loss']} of its speed per node)"
+                    + ("" if attained is None else f", then most attained service ({attained / 3600:.1f} GPU-h)"))
         if w.action is Action.SHRINK:
             msg += f"; also {w.reason}: {w.message}"
         return make(Action.SHRINK, w.current - w.taken, Reason.SHRINK_TO_ADMIT, msg + extend, Basis.QUEUE,
@@ -159,6 +163,13 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
         return make(Action.GROW, w.current + len(w.granted), w.reason, w.message + give_back, w.basis, grow=grow)
     if w.action is Action.GROW:  # refused by the walk
         return make(Action.HOLD, w.current, w.final or Reason.NO_FREE_NODES, w.message, w.basis)
+    if w.spared_for is not None and w.action is Action.HOLD and w.paused_by is None:
+        pending, prio = w.spared_for
+        w.inputs["spared_for"] = pending
+        w.inputs["would"] = str(w.reason)
+        return make(Action.HOLD, w.current, Reason.TAIL_PROTECTED,
+                    f"not shrunk to admit pending job {pending} (priority {prio} > {job.priority}): {tail_text(w)} "
+                    f"(tail_protection); otherwise {w.reason}: {w.message}", Basis.QUEUE)
     return make(Action.HOLD, w.current, w.reason, w.message, w.basis)
 
 

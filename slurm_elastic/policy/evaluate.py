@@ -45,8 +45,11 @@ def evaluate(unit: ElasticUnit, ctx: Context) -> UnitWork:
     elif s.paused:
         w.paused_by = str(s.provenance["paused"])
     w.last_grow = ctx.last_grow.get(unit.unit_id)
+    if unit.attained_gpu_s is not None:
+        inputs["attained_gpu_s"] = round(unit.attained_gpu_s, 1)
+    _tail(w, s, ctx)
     _intent(w, s, ctx)
-    protected = w.reason in (Reason.STARTUP, Reason.COOLDOWN)
+    protected = w.reason in (Reason.STARTUP, Reason.COOLDOWN) or w.tail_protected
     w.reclaim_ok = not protected and w.paused_by is None and unit.spec.shrink and current > unit.min_nodes
     w.victim_ok = w.reclaim_ok and s.shrink_to_admit and not _recent_victim(unit.unit_id, s, ctx)
     if w.paused_by is not None:
@@ -54,6 +57,41 @@ def evaluate(unit: ElasticUnit, ctx: Context) -> UnitWork:
         inputs["would"] = str(w.reason)
         w.hold(Reason.PAUSED, f"paused ({w.paused_by}); {would}: {w.reason}: {w.message}", w.basis)
     return w
+
+
+def shrunk_share(unit: ElasticUnit, ctx: Context) -> tuple[float, float] | None:
+    """(share of its life the unit ran below its requested size, its life in seconds), or None if unknown."""
+    if unit.shrunk_s is None or unit.job.start_time is None:
+        return None
+    life = (ctx.now - unit.job.start_time).total_seconds()
+    if life <= 0:
+        return None
+    return min(1.0, max(0.0, unit.shrunk_s / life)), life
+
+
+def _tail(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
+    """tail_protection: a unit shrunk for more than max_shrunk_share of its life is protected from shrinks for
+    others (shrink-to-admit, reserve reclaim) and grows back to its request first (bounded slowdown)."""
+    if not s.tail_protection:
+        return
+    found = shrunk_share(w.unit, ctx)
+    if found is None:
+        return
+    share, life = found
+    w.inputs["shrunk_share"] = round(share, 3)
+    w.inputs["shrunk_s"] = round(w.unit.shrunk_s or 0.0, 1)
+    w.inputs["life_s"] = round(life, 1)
+    w.inputs["max_shrunk_share"] = s.max_shrunk_share
+    w.inputs["max_shrunk_share.source"] = s.source("max_shrunk_share")
+    if w.unit.requested_nodes is not None:
+        w.inputs["requested_nodes"] = w.unit.requested_nodes
+    w.inputs["tail_min_shrunk_s"] = s.tail_min_shrunk_s
+    w.tail_protected = share * 100 > s.max_shrunk_share and (w.unit.shrunk_s or 0.0) >= s.tail_min_shrunk_s
+
+
+def tail_text(w: UnitWork) -> str:
+    return (f"shrunk {w.inputs['shrunk_s']:.0f}s of its {w.inputs['life_s']:.0f}s life "
+            f"({float(w.inputs['shrunk_share'] or 0) * 100:.0f}% > max_shrunk_share {w.inputs['max_shrunk_share']}%)")
 
 
 def _recent_victim(unit_id: int, s: UnitSettings, ctx: Context) -> bool:
@@ -152,6 +190,17 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
                              want=min(s.step, unit.max_nodes - current), efficiency=efficiency)
                 return
 
+    requested = unit.requested_nodes
+    if (w.tail_protected and requested is not None and current < min(requested, unit.max_nodes)
+            and mean >= s.scale_down_below):
+        w.tail_regrow = True
+        _grow_checks(w, s, ctx, util=util, reason=Reason.SHRUNK_TOO_LONG,
+                     msg=f"{tail_text(w)}: back to its requested {requested} node(s) first, mean util "
+                     f"{_pct(mean)} >= {s.scale_down_below}%", basis=Basis.UTILIZATION,
+                     want=min(requested, unit.max_nodes) - current, efficiency=efficiency)
+        if w.action is not Action.GROW:
+            w.tail_regrow = False
+        return
     if mean < s.scale_down_below:
         msg = f"mean util {_pct(mean)} < {s.scale_down_below}% {over}"
         if not spec.shrink:

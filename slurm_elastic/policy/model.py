@@ -59,6 +59,12 @@ class ElasticUnit:
     ``time_limit_added_s`` is what shrinks added to the job's time limit and grows have not given back yet
     (extend_time_limit_on_shrink; the controller keeps it): a grow gives back at most that much, so a job's
     limit never ends below what its user asked for.
+
+    Progress, for tail_protection and victim_by_service (None: unknown, and the rules leave the unit alone):
+    ``requested_nodes`` is the size the job started with (what it asked for), ``shrunk_s`` the seconds it has
+    run below that size since it started, ``attained_gpu_s`` the GPU-seconds it has held since it started (its
+    attained service). The controller derives them from its resize journal (:func:`unit_progress`), the
+    simulator from its own clock.
     """
 
     job: Job
@@ -66,6 +72,9 @@ class ElasticUnit:
     extensions: tuple[ExtensionJob, ...] = ()
     submitted_nodes: int | None = None
     time_limit_added_s: int = 0
+    requested_nodes: int | None = None
+    shrunk_s: float | None = None
+    attained_gpu_s: float | None = None
 
     @property
     def unit_id(self) -> int:

@@ -65,6 +65,9 @@ class Reason(enum.StrEnum):
     RESTART_COST = "RESTART_COST"
     LOW_MARGINAL_EFFICIENCY = "LOW_MARGINAL_EFFICIENCY"
     QUOTA_REACHED = "QUOTA_REACHED"
+    # protect the tail (bounded slowdown), behind tail_protection
+    SHRUNK_TOO_LONG = "SHRUNK_TOO_LONG"
+    TAIL_PROTECTED = "TAIL_PROTECTED"
     # Slurm-side losses (issue 9): recorded by the controller's shell (controller/losses.py), never by decide()
     PREEMPTED_BY_SLURM = "PREEMPTED_BY_SLURM"
     NODE_FAILURE = "NODE_FAILURE"
@@ -113,6 +116,10 @@ REASON_DOCS: dict[Reason, str] = {
     "goodput_min_marginal_efficiency",
     Reason.QUOTA_REACHED: "hold (or smaller grow): the account's or QOS's max_extension_nodes quota, or a Slurm "
     "GPU limit (GrpTRES, MaxTRESPerUser/PerAccount gres/gpu), is used up",
+    Reason.SHRUNK_TOO_LONG: "grow: the unit has run below its requested size for more than max_shrunk_share of "
+    "its life (tail_protection); it grows back to its request, ahead of pending jobs",
+    Reason.TAIL_PROTECTED: "hold: a higher-priority pending job waits, but this unit has run below its requested "
+    "size for more than max_shrunk_share of its life (tail_protection), so it is not shrunk for it",
     Reason.PREEMPTED_BY_SLURM: "shrink, recorded by the controller: Slurm preempted an extension job (state "
     "PREEMPTED); counts as a resize, so the cooldown follows",
     Reason.NODE_FAILURE: "shrink, recorded by the controller: a node under an extension job went DOWN (or the "

@@ -126,6 +126,20 @@ KEYS: tuple[KeyDef, ...] = (
     KeyDef("admit_victim_interval_s", Kind.DURATION, 0, 0, 7 * _DAY, ALL_SCOPES,
            "a unit shrunk to admit a pending job is not shrunk for another one during this long (0: only the "
            "cooldown); protects long jobs from being every arrival's victim"),
+    KeyDef("tail_protection", Kind.BOOL, False, None, None, ALL_SCOPES,
+           "bounded slowdown: a unit that has run below its requested size for more than max_shrunk_share of "
+           "its life is no longer shrunk to admit pending jobs or to restore a reserve, and grows back to its "
+           "request first, ahead of pending jobs (SHRUNK_TOO_LONG, TAIL_PROTECTED)"),
+    KeyDef("max_shrunk_share", Kind.PERCENT, 30, 1, 100, ALL_SCOPES,
+           "tail_protection: percent of a unit's life (since it started) it may run below its requested size"),
+    KeyDef("tail_min_shrunk_s", Kind.DURATION, 3600, 0, _YEAR, ALL_SCOPES,
+           "tail_protection applies only once a unit has run shrunk for at least this long: a short job loses "
+           "little in absolute terms, and protecting every job at once would undo shrink-to-admit"),
+    KeyDef("victim_by_service", Kind.BOOL, False, None, None, GLOBAL_ONLY,
+           "shrink-to-admit and reserve-reclaim victims: least marginal loss first (efficiency / nodes: the "
+           "share of its speed a unit loses per node), then most attained service (GPU-seconds consumed, as "
+           "Tiresias' least-attained-service), instead of lowest priority first; only lower-priority units are "
+           "ever victims"),
     KeyDef("admit_backoff_s", Kind.DURATION, 1800, 0, _DAY, GLOBAL_ONLY,
            "after a shrink-to-admit for a pending job, no further one for it until a job that held nodes of its "
            "partitions ends or its request changes, and at most this long"),

@@ -20,9 +20,10 @@ FAIR_SHARE_LIMIT).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from slurm_elastic.policy.capacity import FreeGres, Need, NodePool, Status, add_gres, fits, free_gres, need_of
 from slurm_elastic.policy.fairshare import account_weight, split_spare
@@ -45,6 +46,20 @@ def victim_key(w: UnitWork, grow_rank: Mapping[datetime, int]) -> tuple[int, int
         -rank if rank is not None else 1,
         w.unit_id,
     )
+
+
+def marginal_loss(w: UnitWork) -> float:
+    """The share of its speed a unit loses per node taken: its efficiency (marginal with goodput, else
+    utilization; unknown counts as 1) over its current nodes."""
+    eff = w.efficiency if w.efficiency is not None else 1.0
+    return eff / max(1, w.current)
+
+
+def service_key(w: UnitWork) -> tuple[float, float, int, int]:
+    """victim_by_service: least marginal loss first (to two decimals, so that near-equal losses fall to the
+    next key), then most attained service (GPU-seconds; unknown last), then lowest priority, then unit id."""
+    attained = w.unit.attained_gpu_s
+    return (round(marginal_loss(w), 2), -attained if attained is not None else 0.0, w.priority, w.unit_id)
 
 
 class _NodeInfo:
@@ -102,6 +117,7 @@ class Walk:
     gpu: GpuLimitTracker = field(init=False)  # Slurm's GPU limits (GrpTRES...) as quotas: policy/gpulimits.py
     ext_ids: frozenset[int] = field(init=False)  # the units' extension jobs
     running_ids: frozenset[int] = field(init=False)
+    tail_protected: list[UnitWork] = field(default_factory=list)  # would be victims but for tail_protection
     holders_by_part: dict[str, set[int]] | None = None  # partition -> running jobs on its nodes (on first admit)
 
     def __post_init__(self) -> None:
@@ -151,14 +167,21 @@ class Walk:
             if w.victim_ok:
                 for part in parts:
                     self.victims.setdefault(part, []).append(w)
+            elif w.tail_protected and w.unit.spec.shrink and w.settings is not None and w.settings.shrink_to_admit:
+                self.tail_protected.append(w)
             if w.action is Action.GROW:
                 part_d = self.demand.setdefault(w.unit.job.partition, {})
                 account = w.unit.job.account or NO_ACCOUNT
                 part_d[account] = part_d.get(account, 0) + w.want
+        for lst in self.victims.values():
+            lst.sort(key=self._victim_order())
+
+    def _victim_order(self) -> Callable[[UnitWork], tuple[Any, ...]]:
+        if self.ctx.cfg.victim_by_service:
+            return service_key
         grown = sorted({w.last_grow for w in self.works if w.last_grow is not None})
         rank = {t: i for i, t in enumerate(grown)}
-        for lst in self.victims.values():
-            lst.sort(key=lambda v: victim_key(v, rank))
+        return lambda v: victim_key(v, rank)
 
     def _ext_job(self, leader: Job) -> Job:
         """The leader as its extension jobs look to Slurm's limits: same user and account, the extension QOS."""
@@ -188,8 +211,8 @@ class Walk:
             if job.is_pending and job.job_id not in ext_ids and (job.state_reason or "None") in block:
                 events.append(((-job.priority, 0, job.job_id), job))
         for w in self.works:
-            if w.action is Action.GROW:
-                events.append(((-w.priority, 1, w.unit_id), w))
+            if w.action is Action.GROW:  # a tail_protection regrow goes first, ahead of pending jobs
+                events.append(((-w.priority, 1, w.unit_id) if not w.tail_regrow else (-(1 << 62), 0, w.unit_id), w))
         events.sort(key=lambda e: e[0])
         for _, item in events:
             if isinstance(item, Job):
@@ -224,10 +247,8 @@ class Walk:
                     deficit -= 1
             if deficit <= 0:
                 continue
-            grown = sorted({w.last_grow for w in self.works if w.last_grow is not None})
-            rank = {t: i for i, t in enumerate(grown)}
             candidates = sorted((w for w in self.works if w.reclaim_ok and part in self.unit_parts[w.unit_id]),
-                                key=lambda v: victim_key(v, rank))
+                                key=self._victim_order())
             for w in candidates:
                 if deficit <= 0:
                     break
@@ -244,7 +265,7 @@ class Walk:
     # --- pending jobs -------------------------------------------------------------------------------------------
 
     def _pending(self, job: Job) -> None:
-        if not len(self.pool) and not self.victims:
+        if not len(self.pool) and not self.victims and not self.tail_protected:
             return
         parts = tuple(p for p in job.partition.split(",") if p)
         need = need_of(job.gres_per_node)
@@ -253,11 +274,14 @@ class Walk:
         for name in got:
             for part in self.pool.partitions_of[name]:
                 self.first_reserver.setdefault(part, job)
-        if len(got) >= count or not self.victims:
+        if len(got) >= count or not (self.victims or self.tail_protected):
             return
         if self._backing_off(job):
             return
-        self._admit(job, parts, need, count - len(got))
+        if self.tail_protected:
+            self._note_spared(job, parts)
+        if self.victims:
+            self._admit(job, parts, need, count - len(got))
 
     def _backing_off(self, job: Job) -> bool:
         """Shrunk for ``job`` before and it still waits: Slurm chose otherwise. No further shrink for it until
@@ -295,6 +319,7 @@ class Walk:
         if failed_at is not None and deficit >= failed_at:
             return  # surplus only shrinks during a walk and later jobs have lower priority: still no fit
         part_set = set(parts)
+        by_service = self.ctx.cfg.victim_by_service
         claims: list[str] = []
         for part in parts:
             for name, holder in self.freeing.get(part, ()):
@@ -307,9 +332,9 @@ class Walk:
         seen: set[int] = set()  # a unit on nodes of several of the job's partitions is asked once
         for part in parts:
             for w in self.victims.get(part, ()):
-                if still <= 0 or w.priority >= job.priority:
-                    break
-                if w.unit_id in seen:
+                if still <= 0 or (w.priority >= job.priority and not by_service):
+                    break  # priority order: no lower-priority victim is left
+                if w.unit_id in seen or w.priority >= job.priority:
                     continue
                 seen.add(w.unit_id)
                 surplus = w.current - w.unit.min_nodes - w.taken
@@ -330,10 +355,24 @@ class Walk:
             return  # the nodes that metric shrinks give back anyway are enough
         basis = self._admit_basis(job, part_set)
         for w, k in tentative:
+            if by_service:
+                w.inputs["victim_marginal_loss"] = round(marginal_loss(w), 3)
             w.taken += k
             w.admit_taken += k
             w.admit_basis.append(basis)
             w.admit_priority = max(w.admit_priority, job.priority)
+
+    def _note_spared(self, job: Job, parts: tuple[str, ...]) -> None:
+        """tail_protection: the lower-priority units with surplus that were spared for ``job`` because they ran
+        shrunk too long (their hold says TAIL_PROTECTED)."""
+        left: list[UnitWork] = []
+        for w in self.tail_protected:
+            if (w.priority < job.priority and w.current - w.unit.min_nodes - w.taken > 0
+                    and not set(parts).isdisjoint(self.unit_parts[w.unit_id])):
+                w.spared_for = (job.job_id, job.priority)
+            else:
+                left.append(w)
+        self.tail_protected = left
 
     # --- grow intents ---------------------------------------------------------------------------------------------
 

@@ -42,6 +42,9 @@ class UnitWork:
     order: list[Removable] | None = None
     granted: list[str] = field(default_factory=list)
     final: Reason | None = None  # hold reason set by the walk
+    tail_protected: bool = False  # tail_protection: shrunk too long, no longer a victim
+    tail_regrow: bool = False  # its grow intent is a SHRUNK_TOO_LONG regrow (walked first)
+    spared_for: tuple[int, int] | None = None  # (pending job, priority) it would have been shrunk for
 
     @property
     def unit_id(self) -> int:

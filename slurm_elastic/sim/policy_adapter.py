@@ -32,6 +32,10 @@ Modelling rules (docs/simulator.md, "The production policy in the simulator", sa
   through the goodput API), tagged with its node count; the last ``THROUGHPUT_KEEP`` samples per size are
   kept. After the job's first resize its observed restart time (the simulator's resize cost) is reported as
   ``restart_s``.
+* **Progress.** Each cycle adds the span since the previous one to the unit's attained service (GPUs held x
+  seconds) and, while it runs on fewer nodes than it started with, to its time shrunk (``requested_nodes``,
+  ``shrunk_s``, ``attained_gpu_s``: tail_protection and victim_by_service), as the controller derives them
+  from its journal.
 * **Time limits.** The policy sees the time limit the base scheduler trusts (``--walltime-factor`` times the
   modelled runtime at the requested size, or the trace's own), as Slurm would; ``AdapterSettings(time_limits=
   False)`` shows every job as UNLIMITED instead. A shrink's ``time_limit_add_s`` (extend_time_limit_on_shrink)
@@ -206,6 +210,8 @@ class _Unit:
     leader_job: Job | None = None
     restarted: bool = False
     time_limit_added_s: int = 0  # added by shrinks, not given back by grows (what the controller's store keeps)
+    shrunk_s: float = 0.0  # seconds run below start_nodes (tail_protection)
+    attained_gpu_s: float = 0.0  # GPU-seconds held since it started (victim_by_service)
 
 
 @dataclass
@@ -360,6 +366,9 @@ class ProductionPolicy:
         busy = 0.0 if view.restarting_until is not None else max(0.0, now - max(unit.last_t, self._ready(view)))
         value = 100.0 * view.gpu_util * busy / span
         unit.samples.append(Sample(at(now), value, value))
+        unit.attained_gpu_s += view.num_gpus * span  # the size held since the last cycle, as the journal would say
+        if view.num_nodes < unit.start_nodes:
+            unit.shrunk_s += span
         if busy > 0 and view.throughput > 0:
             per_size = unit.throughput.setdefault(view.num_nodes, deque(maxlen=THROUGHPUT_KEEP))
             per_size.append(ThroughputSample(at(now), view.num_nodes, view.throughput))
@@ -409,7 +418,8 @@ class ProductionPolicy:
                          for e in state.exts)
             jobs.extend(e.job for e in state.exts)
             unit = ElasticUnit(state.leader_job, state.spec, exts,  # max is explicit: no submitted_nodes
-                               time_limit_added_s=state.time_limit_added_s)
+                               time_limit_added_s=state.time_limit_added_s, requested_nodes=state.start_nodes,
+                               shrunk_s=state.shrunk_s, attained_gpu_s=state.attained_gpu_s)
             units.append(unit)
             since = builder.reads(unit).since
             while state.samples and state.samples[0].time < since:

@@ -76,6 +76,21 @@ def admit() -> tuple[PolicyInput, PolicyConfig]:
                       pending_jobs=[pending(900, count=2, priority=5000)]), cfg(shrink_to_admit=True)
 
 
+def tail_regrow() -> tuple[PolicyInput, PolicyConfig]:
+    # asked for 3 nodes, runs on 1, shrunk for half of its two hours: back to 3 although 60% is within the band
+    u = replace(unit(job(100, nodes=("n1",), started_ago=7200)), requested_nodes=3, shrunk_s=3600.0)
+    return make_input([u], nodes(5, busy=["n1"]), utils=[util(100, 60)]), cfg(tail_protection=True)
+
+
+def tail_protected() -> tuple[PolicyInput, PolicyConfig]:
+    # the admit case, but the unit has run shrunk for 4000 of its 7200 s: the pending job waits
+    u = replace(unit(job(100, nodes=("n1", "n2", "n3"), priority=100, started_ago=7200)), requested_nodes=3,
+                shrunk_s=4000.0)
+    return make_input([u], nodes(3, busy=["n1", "n2", "n3"]), utils=[util(100, 60)],
+                      pending_jobs=[pending(900, count=2, priority=5000)]), cfg(shrink_to_admit=True,
+                                                                                 tail_protection=True)
+
+
 def fair() -> tuple[PolicyInput, PolicyConfig]:
     a1 = unit(job(100, nodes=("n1",), priority=900, account="a"))
     a2 = unit(job(101, nodes=("n2",), priority=800, account="a"))
@@ -182,6 +197,11 @@ CASES: list[Case] = [
          "keeps free_node_reserve 2 (partition gpu)", basis=Basis.RESERVE, target=1),
     Case(Reason.SHRINK_TO_ADMIT, Action.SHRINK, admit, "so that pending job(s) 900 (priority 5000 > 100) can start",
          basis=Basis.QUEUE, target=1),
+    Case(Reason.SHRUNK_TOO_LONG, Action.GROW, tail_regrow, "shrunk 3600s of its 7200s life (50% > "
+         "max_shrunk_share 30%): back to its requested 3 node(s) first", basis=Basis.UTILIZATION, target=3),
+    Case(Reason.TAIL_PROTECTED, Action.HOLD, tail_protected, "not shrunk to admit pending job 900 (priority 5000 > "
+         "100): shrunk 4000s of its 7200s life (56% > max_shrunk_share 30%) (tail_protection); otherwise IN_BAND",
+         basis=Basis.QUEUE),
     Case(Reason.FAIR_SHARE_LIMIT, Action.HOLD, fair, "account a has used its fair share", unit_id=101),
     Case(Reason.RESTART_COST, Action.HOLD, restart_cost, "expected gain 600s over the remaining 1200s <= restart "
          "cost 600s"),
