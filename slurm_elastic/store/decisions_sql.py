@@ -83,6 +83,14 @@ class SqlDecisions:
             row = s.execute(stmt.order_by(C.id.desc()).limit(1)).scalar_one_or_none()
             return None if row is None else cycle_record(row)
 
+    def cycles_after(self, cycle_id: int) -> list[CycleRecord]:
+        """The cycles begun after ``cycle_id``, oldest first (finished or not): what a watcher counts to see that a
+        number of whole cycles ran since a point it took with ``last_cycle(finished=False)``."""
+        C = self._db.models.cycle
+        with self._db.read("read cycles") as s:
+            rows = s.execute(select(C).where(C.id > cycle_id).order_by(C.id)).scalars()
+            return [cycle_record(r) for r in rows]
+
     # --- decisions ------------------------------------------------------------------------------------------
     def record_decisions(self, cycle_id: int, decisions: Sequence[NewDecision], *,
                          fencing: FencingToken | None = None) -> list[int]:

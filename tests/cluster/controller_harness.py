@@ -111,6 +111,35 @@ class ControllerProcess:
     def log_text(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
 
+    def cycle_mark(self) -> int:
+        """The id of the newest cycle begun so far, finished or not (0: none yet): a point to count cycles from."""
+        st = self.store()
+        try:
+            cycle = st.decisions.last_cycle(finished=False)
+            return 0 if cycle is None else cycle.id
+        finally:
+            st.close()
+
+    def full_cycles_since(self, mark: int) -> int:
+        """Cycles begun after ``mark`` that finished a full pass (not skipped, no error), from the store's cycle
+        table, the controller's own record of each cycle."""
+        st = self.store()
+        try:
+            return sum(1 for c in st.decisions.cycles_after(mark) if c.finished_at is not None and c.error is None)
+        finally:
+            st.close()
+
+    def wait_cycles(self, n: int, timeout: float | None = None) -> None:
+        """Wait until ``n`` more cycles have run whole: begun after this call and finished without error or skip.
+        A cycle in flight at the call does not count (it may have read Slurm before what the caller saw), so
+        "nothing happened" after these ``n`` cycles means ``n`` full looks at the state the caller saw, however
+        slow or fast the cycles are."""
+        mark, t0 = self.cycle_mark(), time.monotonic()
+        wait_until(f"{n} more full controller cycle(s) after cycle {mark}",
+                   lambda: self.full_cycles_since(mark) >= n,
+                   timeout if timeout is not None else 30 + 3 * n * INTERVAL_S, self)
+        print(f"\n{n} full controller cycles after cycle {mark}: {time.monotonic() - t0:.1f}s")
+
 
 @contextlib.contextmanager
 def running_controller(cluster: TestCluster, config: Path, *, crash_at: str | None = None,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.store.records import ActionKind, ActionState
 from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
-    ControllerProcess,
     controller_config,
     elastic_script,
     marker_file,
@@ -70,16 +68,6 @@ def test_underused_job_shrinks_to_min_after_grace_signal(stack: Agents, tmp_path
         s == "idle" for n, s in _node_states(cluster).items() if n != kept), 30)
 
 
-def last_cycle_id(ctl: ControllerProcess) -> int:
-    """The id of the controller's latest finished cycle (0: none yet)."""
-    st = ctl.store()
-    try:
-        cycle = st.decisions.last_cycle()
-        return 0 if cycle is None else cycle.id
-    finally:
-        st.close()
-
-
 def _node_states(cluster: TestCluster) -> dict[str, str]:
     cp = cluster.run(["sinfo", "-h", "-N", "-o", "%N %T"])
     return {line.split()[0]: line.split()[1] for line in cp.stdout.splitlines() if line.strip()}
@@ -94,7 +82,11 @@ def test_busy_job_grows_to_max_with_extension_jobs_as_its_owner(stack: Agents, t
         wait_until("two running extension jobs", lambda: sum(
             1 for e in extensions_of(cluster, job) if e["job_state"] == "RUNNING") == 2, 150, ctl)
         grows = ctl.wait_applied(job, ActionKind.GROW, 2)
-        time.sleep(18)  # past the cooldown, several more cycles at max: no third extension
+        # Past the cooldown (the hold turns from COOLDOWN to AT_MAX), then a few more cycles: no third extension.
+        wait_until("the cooldown to end at max", lambda: any(
+            d.reason == "AT_MAX" and d.time > (grows[1].finished_at or grows[1].created_at)
+            for d in ctl.decisions(job)), 60, ctl)
+        ctl.wait_cycles(3)
         assert len(extensions_of(cluster, job)) == 2
         decisions = ctl.decisions(job)
     assert len(grows) == 2
@@ -120,7 +112,7 @@ def test_dry_run_records_decisions_and_leaves_slurm_alone(stack: Agents, tmp_pat
     with running_controller(cluster, controller_config(tmp_path, stack, dry_run=True)) as ctl:
         wait_until("a dry-run shrink decision", lambda: any(
             d.action == "shrink" and d.dry_run for d in ctl.decisions(job)), 90, ctl)
-        time.sleep(6)
+        ctl.wait_cycles(3)  # longer than the grace a live shrink would wait before taking the node
         assert ctl.actions() == []
     assert node_count(cluster, job) == 2
     assert "grace" not in marker.read_text()
@@ -159,9 +151,8 @@ def test_silent_agent_causes_no_shrink(stack: Agents, tmp_path: Path) -> None:
     try:
         with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
             wait_until("a decision on the job", lambda: len(ctl.decisions(job)) >= 1, 90, ctl)
-            first = last_cycle_id(ctl)
             # holds are stored when they change: eight more cycles, not eight rows, show nothing was acted on
-            wait_until("eight more cycles", lambda: last_cycle_id(ctl) >= first + 8, 90, ctl)
+            ctl.wait_cycles(8, timeout=90)
             decisions = ctl.decisions(job)
             assert ctl.actions(job) == []
     finally:
@@ -189,7 +180,7 @@ def test_sigkill_between_intent_and_outcome_reconciles_without_duplicates(
         wait_until("one running extension job", lambda: len(extensions_of(cluster, job)) == 1
                    and all(a.state not in {ActionState.INTENT, ActionState.IN_PROGRESS} for a in ctl.actions(job)),
                    90, ctl)
-        time.sleep(6)
+        ctl.wait_cycles(3)  # a few more cycles: no second extension for the same key
         actions = ctl.actions(job)
         exts = extensions_of(cluster, job)
         # When the leader ends, reconcile cancels its extension: no orphan.

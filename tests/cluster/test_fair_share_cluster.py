@@ -15,7 +15,6 @@ in its first cycle.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,7 +116,7 @@ def test_two_spare_nodes_one_per_account(stack: Agents, tmp_path: Path) -> None:
     with running_controller(cluster, live) as ctl:
         wait_until("one extension node for each job", lambda: _ext_nodes(cluster, alice) == 1
                    and _ext_nodes(cluster, bob) == 1, 60, ctl)
-        time.sleep(6)  # a few more cycles: nobody takes more (no spare node is left)
+        ctl.wait_cycles(3)  # a few more cycles: nobody takes more (no spare node is left)
         exts = {job: _extensions(cluster, job) for job in (alice, bob)}
         a, b = _first_growth_cycle(ctl, alice, bob)
     assert [int(str(e["node_count"])) for e in exts[alice]] == [1]
@@ -138,7 +137,7 @@ def test_one_spare_node_goes_to_the_account_with_more_shares(stack: Agents, tmp_
     live = _warm_up(stack, tmp_path, alice, bob)
     with running_controller(cluster, live) as ctl:
         wait_until("alice's job to get the spare node", lambda: _ext_nodes(cluster, alice) == 1, 60, ctl)
-        time.sleep(6)
+        ctl.wait_cycles(3)  # a few more cycles: bob's job gets no node
         ext_bob = _extensions(cluster, bob)
         a, b = _first_growth_cycle(ctl, alice, bob)
         later_bob = _live(ctl, bob)

@@ -49,14 +49,23 @@ def test_high_qos_job_pending_behind_elastic_surplus_is_admitted_by_shrinking_th
     # Whole nodes (4 GPUs): it can not share the elastic job's nodes, which have 2 GPUs left each.
     high = cluster.submit("#!/bin/bash\nsleep 600\n", "-N2", "--gres=gpu:4", "--qos=high", "--time=30",
                           user="alice")
-    time.sleep(3)
-    assert cluster.job_state(high) == "PENDING"  # blocked: one free node, and Slurm does not preempt normal
+    # Blocked once Slurm's scheduler has looked at it (a pending reason is set): one free node, and Slurm does not
+    # preempt normal.
+    wait_until("Slurm to give the high job a pending reason", lambda: str(
+        (cluster.job_record(high) or {}).get("state_reason") or "None") != "None", 30)
+    assert cluster.job_state(high) == "PENDING"
     cfg = controller_config(tmp_path, stack)
     (tmp_path / "policy.toml").write_text(TEST_POLICY.replace("shrink_to_admit = false", "shrink_to_admit = true"))
     with running_controller(cluster, cfg) as ctl:
         wait_until("the high job to start", lambda: cluster.job_state(high) == "RUNNING", 120, ctl)
         started = time.time()
-        time.sleep(12)  # several cycles with the high job running: no further shrink
+        (shrink,) = ctl.wait_applied(elastic, ActionKind.SHRINK, 1)
+        # Past the shrink's cooldown (a hold other than COOLDOWN after it), then a few cycles with the high job
+        # running: no further shrink.
+        wait_until("the shrink's cooldown to end", lambda: shrink.finished_at is not None and any(
+            d.time > shrink.finished_at and d.reason not in {"COOLDOWN", "ACTION_IN_PROGRESS", "SHRINK_TO_ADMIT"}
+            for d in ctl.decisions(elastic)), 60, ctl)
+        ctl.wait_cycles(3)
         shrinks = ctl.applied(elastic, ActionKind.SHRINK)
         decisions = ctl.decisions(elastic)
     assert [(a.params["from"], a.params["to"], a.params["admits"]) for a in shrinks] == [(3, 2, [high])]
@@ -109,7 +118,7 @@ reclaim_reserve = true
 """)
     with running_controller(cluster, cfg) as ctl:
         wait_until("both jobs shrunk to 1 node", lambda: all(node_count(cluster, j) == 1 for j in jobs), 150, ctl)
-        time.sleep(8)
+        ctl.wait_cycles(4)  # a few more cycles: no third shrink, the 2 nodes stay free
         shrinks = sorted((a for j in jobs for a in ctl.applied(j, ActionKind.SHRINK)), key=lambda a: a.created_at)
         decisions = [d for j in jobs for d in ctl.decisions(j)]
     assert len(shrinks) == 2 and {a.job_id for a in shrinks} == set(jobs)

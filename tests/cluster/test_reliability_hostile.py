@@ -214,7 +214,7 @@ def test_metacharacters_binary_names_and_forged_tags_pass_through_the_real_contr
                        and any(str(j.get("comment", "")).startswith("slurm-elastic:ext")
                                and j.get("job_state") == "RUNNING" and j["job_id"] != forged
                                for j in _squeue(cluster).values()), 180, ctl)
-            time.sleep(3 * 2.0)  # a few more cycles with bob at max and the forged job around
+            ctl.wait_cycles(3)  # a few more cycles with bob at max and the forged job around
             st = ctl.store()
             try:
                 exts = {e.job_id for e in st.jobs.extensions(bob, active_only=False)}

@@ -118,7 +118,12 @@ def test_scavenger_extensions_preempted_by_slurm_are_recorded_and_not_regrown_wi
             leader = cluster.job_record(job)
             assert leader is not None and leader["qos"] == "normal"
             ext_ids = sorted(int(str(e["job_id"])) for e in exts)
-            time.sleep(COOLDOWN_S + 2)  # past the second grow's cooldown: any cooldown below is the loss's
+            # Past the second grow's cooldown (the hold turns from COOLDOWN to AT_MAX): any cooldown below is the
+            # loss's.
+            second = ctl.wait_applied(job, ActionKind.GROW, 2)[1]
+            wait_until("the second grow's cooldown to end", lambda: second.finished_at is not None and any(
+                d.reason == "AT_MAX" and d.time > second.finished_at for d in ctl.decisions(job)),
+                COOLDOWN_S + 30, ctl)
             actions_before = {a.id for a in ctl.actions(job)}
 
             # A rigid high-QOS job that needs the extensions' nodes (n2-n4 whole); Slurm preempts them by itself.

@@ -31,6 +31,21 @@ def test_cycle_ids_are_unique_and_cycles_record_their_duration(store: SqlStore, 
     assert running is not None and running.id == c2 and running.dry_run and running.duration_s is None
 
 
+def test_cycles_after_a_point_are_the_ones_begun_since_oldest_first(store: SqlStore) -> None:
+    before = store.decisions.begin_cycle(holder="ctl-a")
+    point = store.decisions.last_cycle(finished=False)
+    assert point is not None and point.id == before
+    store.decisions.finish_cycle(before, decisions=0, actions=0)
+    c1 = store.decisions.begin_cycle(holder="ctl-a")
+    store.decisions.finish_cycle(c1, decisions=2, actions=0, error="Slurm unavailable")
+    c2 = store.decisions.begin_cycle(holder="ctl-b")
+    after = store.decisions.cycles_after(point.id)
+    assert [(c.id, c.holder, c.error, c.finished_at is None) for c in after] == [
+        (c1, "ctl-a", "Slurm unavailable", False), (c2, "ctl-b", None, True)]
+    assert store.decisions.cycles_after(c2) == []
+    assert [c.id for c in store.decisions.cycles_after(0)] == [before, c1, c2]
+
+
 def test_record_decisions_keeps_everything(store: SqlStore, clock: FakeClock) -> None:
     cycle = store.decisions.begin_cycle()
     ids = store.decisions.record_decisions(cycle, [
