@@ -30,8 +30,8 @@ from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import LossRecorder
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
-from slurm_elastic.controller.progress import journal_since, with_progress
 from slurm_elastic.controller.ports import AgentCollector, Clock, ControllerStore, SlurmControl
+from slurm_elastic.controller.progress import journal_since, with_progress
 from slurm_elastic.controller.shares import AccountingCache
 from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units
 from slurm_elastic.errors import ConfigError
