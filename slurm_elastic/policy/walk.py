@@ -20,10 +20,10 @@ FAIR_SHARE_LIMIT).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from slurm_elastic.policy.capacity import FreeGres, Need, NodePool, Status, add_gres, fits, free_gres, need_of
 from slurm_elastic.policy.fairshare import account_weight, split_spare
@@ -55,6 +55,11 @@ def marginal_loss(w: UnitWork) -> float:
     return eff / max(1, w.current)
 
 
+def _exhausted(w: UnitWork) -> bool:
+    """No node left to give back above its min (``taken`` only grows during a walk: it stays so)."""
+    return w.current - w.unit.min_nodes - w.taken <= 0 or w.taken >= len(w.removal())
+
+
 def service_key(w: UnitWork) -> tuple[float, float, int, int]:
     """victim_by_service: least marginal loss first (to two decimals, so that near-equal losses fall to the
     next key), then most attained service (GPU-seconds; unknown last), then lowest priority, then unit id."""
@@ -84,6 +89,37 @@ class _NodeInfo:
     def partitions(self, name: str) -> tuple[str, ...]:
         node = self._nodes.get(name)
         return node.partitions if node is not None else ()
+
+
+_T = TypeVar("_T")
+
+
+class _Live(Generic[_T]):
+    """A list that is scanned from the front many times (once per pending job) and whose entries, once dead
+    (``dead`` true), stay dead: a scan skips them through next-pointers with path halving, so the scans of a
+    walk cost the live entries they visit, not the whole list each time (victims with no surplus left, nodes
+    already claimed)."""
+
+    def __init__(self, items: Sequence[_T], dead: Callable[[_T], bool]) -> None:
+        self._items = items
+        self._next = list(range(len(items) + 1))  # next[i]: no live entry in [i, next[i]); next[n] == n
+        self._dead = dead
+
+    def __iter__(self) -> Iterator[_T]:
+        items, nxt, dead, n = self._items, self._next, self._dead, len(self._items)
+        i = 0
+        while True:
+            while nxt[i] != i:
+                nxt[i] = nxt[nxt[i]]
+                i = nxt[i]
+            if i >= n:
+                return
+            item = items[i]
+            if dead(item):
+                nxt[i] = i + 1
+            else:
+                yield item
+            i += 1
 
 
 def _need_text(need: Need) -> str:
@@ -119,6 +155,9 @@ class Walk:
     running_ids: frozenset[int] = field(init=False)
     tail_protected: list[UnitWork] = field(default_factory=list)  # would be victims but for tail_protection
     holders_by_part: dict[str, set[int]] | None = None  # partition -> running jobs on its nodes (on first admit)
+    holders_memo: dict[frozenset[str], frozenset[int]] = field(default_factory=dict)  # partitions -> holders
+    live_victims: dict[str, _Live[UnitWork]] = field(default_factory=dict)  # victims with surplus left
+    live_freeing: dict[str, _Live[tuple[str, UnitWork]]] = field(default_factory=dict)  # not claimed yet
 
     def __post_init__(self) -> None:
         snap = self.inp.snapshot
@@ -173,8 +212,12 @@ class Walk:
                 part_d = self.demand.setdefault(w.unit.job.partition, {})
                 account = w.unit.job.account or NO_ACCOUNT
                 part_d[account] = part_d.get(account, 0) + w.want
-        for lst in self.victims.values():
+        for part, lst in self.victims.items():
             lst.sort(key=self._victim_order())
+            self.live_victims[part] = _Live(lst, _exhausted)
+        claimed = self.claimed  # not self: no reference cycle through the walk
+        for part, pairs in self.freeing.items():
+            self.live_freeing[part] = _Live(pairs, lambda pair: pair[0] in claimed)
 
     def _victim_order(self) -> Callable[[UnitWork], tuple[Any, ...]]:
         if self.ctx.cfg.victim_by_service:
@@ -206,13 +249,23 @@ class Walk:
         self._reclaim()
         ext_ids = self.ext_ids
         block = self.ctx.cfg.pending_block_reasons
-        events: list[tuple[tuple[int, int, int], Job | UnitWork]] = []
+        events: list[tuple[tuple[float, ...], Job | UnitWork]] = []
         for job in self.inp.snapshot.jobs:
             if job.is_pending and job.job_id not in ext_ids and (job.state_reason or "None") in block:
                 events.append(((-job.priority, 0, job.job_id), job))
+        # speedup_growth: those grows go by their saving among themselves, all after the pending jobs of priority
+        # >= the lowest of them, so that they share only nodes no such pending job can use (the spare nodes)
+        by_gain = [w for w in self.works if w.action is Action.GROW and w.gain_s is not None and not w.tail_regrow]
+        floor = min((w.priority for w in by_gain), default=0)
         for w in self.works:
-            if w.action is Action.GROW:  # a tail_protection regrow goes first, ahead of pending jobs
-                events.append(((-w.priority, 1, w.unit_id) if not w.tail_regrow else (-(1 << 62), 0, w.unit_id), w))
+            if w.action is not Action.GROW:
+                continue
+            if w.tail_regrow:  # a tail_protection regrow goes first, ahead of pending jobs
+                events.append(((-(1 << 62), 0, w.unit_id), w))
+            elif w.gain_s is not None:
+                events.append(((-floor, 1, -w.gain_s, w.unit_id), w))
+            else:
+                events.append(((-w.priority, 1, w.unit_id), w))
         events.sort(key=lambda e: e[0])
         for _, item in events:
             if isinstance(item, Job):
@@ -302,7 +355,10 @@ class Walk:
                 if j.is_running and j.job_id not in self.ext_ids:
                     for part in {p for n in j.nodes for p in self.info.partitions(n)}:
                         self.holders_by_part.setdefault(part, set()).add(j.job_id)
-        holders = frozenset().union(*(self.holders_by_part.get(p, ()) for p in parts))
+        key = frozenset(parts)
+        holders = self.holders_memo.get(key)
+        if holders is None:  # the same set for every job of these partitions: built once per walk
+            holders = self.holders_memo[key] = frozenset().union(*(self.holders_by_part.get(p, ()) for p in parts))
         return AdmitBasis(job.job_id, admit_request(job), holders)
 
     def _helps(self, name: str, holder: UnitWork, parts: set[str], need: Need) -> bool:
@@ -322,7 +378,8 @@ class Walk:
         by_service = self.ctx.cfg.victim_by_service
         claims: list[str] = []
         for part in parts:
-            for name, holder in self.freeing.get(part, ()):
+            live_freeing = self.live_freeing.get(part)
+            for name, holder in live_freeing if live_freeing is not None else ():
                 if len(claims) >= deficit:
                     break
                 if name not in self.claimed and name not in claims and self._helps(name, holder, part_set, need):
@@ -331,7 +388,8 @@ class Walk:
         tentative: list[tuple[UnitWork, int]] = []
         seen: set[int] = set()  # a unit on nodes of several of the job's partitions is asked once
         for part in parts:
-            for w in self.victims.get(part, ()):
+            live_victims = self.live_victims.get(part)
+            for w in live_victims if live_victims is not None else ():
                 if still <= 0 or (w.priority >= job.priority and not by_service):
                     break  # priority order: no lower-priority victim is left
                 if w.unit_id in seen or w.priority >= job.priority:
