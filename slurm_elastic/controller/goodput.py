@@ -1,7 +1,8 @@
 """Reading the throughput jobs publish (slurm_elastic/goodput.py, docs/goodput.md) for the goodput rules.
 
-For each elastic unit whose settings use it (``goodput`` or ``restart_cost_aware``), the controller (root, on the
-head node, shared filesystem) reads ``<WorkDir>/.slurm-elastic/goodput-<unit id>.jsonl`` from Slurm's job record:
+For each elastic unit whose settings use it (``goodput``, ``restart_cost_aware`` or ``speedup_growth``), the
+controller (root, on the head node, shared filesystem) reads ``<WorkDir>/.slurm-elastic/goodput-<unit id>.jsonl``
+from Slurm's job record:
 
 - **Safely.** The directory is opened with O_NOFOLLOW|O_DIRECTORY, the file (relative to it) with
   O_NOFOLLOW|O_NONBLOCK after an lstat; it must be a regular file owned by the job's user (uid from the user
@@ -46,6 +47,7 @@ from typing import Protocol
 from slurm_elastic.goodput import DIR_NAME
 from slurm_elastic.policy import ElasticUnit, JobUtilization, ThroughputSample
 from slurm_elastic.policy.config import UnitSettings
+from slurm_elastic.policy.inputs import uses_goodput
 from slurm_elastic.store.protocols import ActuatorStore
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, ExtensionRecord
 
@@ -352,7 +354,7 @@ class GoodputReader:
     def attach(self, unit: ElasticUnit, util: JobUtilization, settings: UnitSettings,
                now: datetime) -> JobUtilization:
         """``util`` with the unit's throughput samples and observed restart time, when its settings use them."""
-        if not (settings.goodput or settings.restart_cost_aware):
+        if not uses_goodput(settings):
             return util
         found = self.read_unit(unit, now)
         if found is None or (not found.samples and found.restart_s is None):

@@ -43,7 +43,7 @@ HOLD = "hold"
 #: Inputs that change every cycle on their own; left out of the comparison (still stored on written rows).
 VOLATILE_INPUTS = frozenset({
     "running_s", "since_resize_s", "metric_age_s", "window_covered_s", "samples", "remaining_s",
-    "expected_gain_s", "throughput", "attained_gpu_s", "unchanged_since", "shrunk_s", "life_s",
+    "expected_gain_s", "throughput", "attained_gpu_s", "unchanged_since", "shrunk_s", "life_s", "grow_gain_s",
 })
 UTIL_BAND_PCT = 10.0
 EFFICIENCY_BAND = 0.1
@@ -52,6 +52,8 @@ BANDED_INPUTS: Mapping[str, float] = {
     "mean_util": UTIL_BAND_PCT, "max_util": UTIL_BAND_PCT,
     "marginal_efficiency_last": EFFICIENCY_BAND, "marginal_efficiency_next": EFFICIENCY_BAND,
     "shrunk_share": EFFICIENCY_BAND,  # tail_protection: the share of its life a unit ran shrunk
+    "speedup_efficiency": EFFICIENCY_BAND,  # speedup_growth: the next step's modelled marginal efficiency
+    "next_speedup": EFFICIENCY_BAND,
 }
 UNCHANGED_SINCE = "unchanged_since"
 _NOT_SEEDED = object()

@@ -254,6 +254,7 @@ class UnitSettings:
     restart_cost_s: int
     goodput: bool
     goodput_min_marginal_efficiency: float
+    speedup_growth: bool
     min_throughput_samples: int
     throughput_max_age_s: int
     provenance: Mapping[str, Provenance] = field(default_factory=dict, hash=False, compare=False)

@@ -14,6 +14,7 @@ from slurm_elastic.policy.config import UnitSettings
 from slurm_elastic.policy.model import ElasticUnit, JobUtilization, Scalar
 from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.policy.signals import restart_gain_s, scaling, utilization_gate
+from slurm_elastic.policy.speedup import efficiency_of, grow_gain, model_speedup, speedup_from_efficiency
 from slurm_elastic.policy.work import Context, UnitWork
 
 
@@ -211,6 +212,9 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
             w.intend(Action.SHRINK, Reason.UNDERUTILIZED, msg, Basis.UTILIZATION,
                      min(s.step, current - unit.min_nodes))
         return
+    if s.speedup_growth and current < unit.max_nodes and spec.grow:
+        _speedup(w, s, ctx, util, mean=mean, over=over)
+        return
     if mean > s.scale_up_above:
         _grow_checks(w, s, ctx, util=util, reason=Reason.OVERUTILIZED,
                      msg=f"mean util {_pct(mean)} > {s.scale_up_above}% {over}", basis=Basis.UTILIZATION,
@@ -218,6 +222,42 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
         return
     w.hold(Reason.IN_BAND, f"mean util {_pct(mean)} within {s.scale_down_below}%..{s.scale_up_above}% {over}",
            Basis.UTILIZATION)
+
+
+def _speedup(w: UnitWork, s: UnitSettings, ctx: Context, util: JobUtilization, *, mean: float, over: str) -> None:
+    """speedup_growth: grow when the next step saves more than a restart (policy/speedup.py); record the numbers
+    and the gain, by which the walk ranks grows among themselves."""
+    current = w.current
+    add = min(s.step, w.unit.max_nodes - current)
+    sc = scaling(util.throughput, current, s, ctx.now)
+    if sc.usable and sc.next_step is not None:
+        speedup, source, basis = speedup_from_efficiency(sc.next_step, current, add), "throughput", Basis.THROUGHPUT
+    else:
+        speedup, source, basis = model_speedup(mean, current, add), "utilization model", Basis.UTILIZATION
+    eff = efficiency_of(speedup, current, add)
+    observed = util.restart_s
+    cost = observed if observed is not None else float(s.restart_cost_s)
+    remaining = w.unit.job.remaining_seconds(ctx.now)
+    gain = grow_gain(speedup, source, remaining, cost)
+    thr = s.goodput_min_marginal_efficiency
+    w.inputs.update({
+        "next_speedup": round(speedup, 3),
+        "speedup_source": source,
+        "speedup_efficiency": round(eff, 3),
+        "goodput_min_marginal_efficiency": thr,
+        "restart_cost_s": round(cost, 1),
+        "restart_cost.source": "observed" if observed is not None else s.source("restart_cost_s"),
+        "grow_gain_s": None if gain.gain_s == float("inf") else round(gain.gain_s, 1),
+    })
+    left = "no time limit" if remaining is None else f"{max(0.0, remaining):.0f}s left"
+    what = (f"+{add} node(s) to {current}: speedup {speedup:.3f} ({source}, mean util {_pct(mean)} {over}), "
+            f"marginal efficiency {eff:.2f}, saves {gain.gain_s:.0f}s net of a {cost:.0f}s restart ({left})")
+    if eff < thr or not gain.pays:
+        why = f"efficiency {eff:.2f} < {thr:.2f}" if eff < thr else f"saving {gain.gain_s:.0f}s <= 0"
+        w.hold(Reason.LOW_SPEEDUP_GAIN, f"{what}: {why}", basis)
+        return
+    w.gain_s = gain.gain_s if gain.gain_s != float("inf") else 1e18 * speedup
+    _grow_checks(w, s, ctx, util=util, reason=Reason.SPEEDUP_GAIN, msg=what, basis=basis, want=add, efficiency=eff)
 
 
 def _grow_checks(

@@ -11,7 +11,7 @@ The rules that used to live twice are here once:
   up to one interval: with one cycle of slack a window could read as not filled by a phase accident. The
   simulator (samples exactly at cycle times) uses the same rule, so that it predicts what the controller does.
 * **Goodput.** A unit's throughput samples and observed restart time are attached only when its settings use
-  them (``goodput`` or ``restart_cost_aware``), and only to a unit that has utilization.
+  them (``goodput``, ``restart_cost_aware`` or ``speedup_growth``), and only to a unit that has utilization.
 * **Canonical order.** Units are sorted by id, history, actions in progress and extension ends by time, so the
   same facts give an equal input whatever order the caller found them in.
 
@@ -89,7 +89,7 @@ def window_start(now: datetime, window_s: float, interval_s: float) -> datetime:
 
 
 def uses_goodput(settings: UnitSettings) -> bool:
-    return settings.goodput or settings.restart_cost_aware
+    return settings.goodput or settings.restart_cost_aware or settings.speedup_growth
 
 
 def utilization(unit_id: int, samples: Iterable[UtilizationSample], since: datetime,

@@ -68,6 +68,9 @@ class Reason(enum.StrEnum):
     # protect the tail (bounded slowdown), behind tail_protection
     SHRUNK_TOO_LONG = "SHRUNK_TOO_LONG"
     TAIL_PROTECTED = "TAIL_PROTECTED"
+    # speedup-aware growth, behind speedup_growth
+    SPEEDUP_GAIN = "SPEEDUP_GAIN"
+    LOW_SPEEDUP_GAIN = "LOW_SPEEDUP_GAIN"
     # Slurm-side losses (issue 9): recorded by the controller's shell (controller/losses.py), never by decide()
     PREEMPTED_BY_SLURM = "PREEMPTED_BY_SLURM"
     NODE_FAILURE = "NODE_FAILURE"
@@ -120,6 +123,11 @@ REASON_DOCS: dict[Reason, str] = {
     "its life (tail_protection); it grows back to its request, ahead of pending jobs",
     Reason.TAIL_PROTECTED: "hold: a higher-priority pending job waits, but this unit has run below its requested "
     "size for more than max_shrunk_share of its life (tail_protection), so it is not shrunk for it",
+    Reason.SPEEDUP_GAIN: "grow (speedup_growth): the next step's speedup (throughput, else the constant-sync "
+    "model of utilization) saves more of the remaining time than a restart costs; spare nodes go to the largest "
+    "saving first",
+    Reason.LOW_SPEEDUP_GAIN: "hold (speedup_growth): the next step's marginal efficiency is below "
+    "goodput_min_marginal_efficiency, or the time it saves does not exceed a restart",
     Reason.PREEMPTED_BY_SLURM: "shrink, recorded by the controller: Slurm preempted an extension job (state "
     "PREEMPTED); counts as a resize, so the cooldown follows",
     Reason.NODE_FAILURE: "shrink, recorded by the controller: a node under an extension job went DOWN (or the "

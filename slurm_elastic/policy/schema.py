@@ -167,6 +167,12 @@ KEYS: tuple[KeyDef, ...] = (
            "shrink back when a grow did not pay"),
     KeyDef("goodput_min_marginal_efficiency", Kind.FLOAT, 0.5, 0.0, 1.0, ALL_SCOPES,
            "least marginal efficiency (gain of a step / gain of perfect scaling) to grow or stay grown"),
+    KeyDef("speedup_growth", Kind.BOOL, False, None, None, ALL_SCOPES,
+           "speedup-aware growth: a unit grows when its next step's speedup (from its published throughput, "
+           "else the constant-sync model fitted to its utilization) saves more of its remaining time than one "
+           "restart costs and its marginal efficiency is at least goodput_min_marginal_efficiency, whatever "
+           "its utilization band says; spare nodes go to the largest saving first (SPEEDUP_GAIN, "
+           "LOW_SPEEDUP_GAIN)"),
     KeyDef("min_throughput_samples", Kind.INT, 3, 1, 100_000, ALL_SCOPES,
            "fewest throughput samples at a size before that size's throughput is trusted"),
     KeyDef("throughput_max_age_s", Kind.DURATION, 21600, 60, 7 * _DAY, ALL_SCOPES,

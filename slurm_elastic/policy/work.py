@@ -45,6 +45,7 @@ class UnitWork:
     tail_protected: bool = False  # tail_protection: shrunk too long, no longer a victim
     tail_regrow: bool = False  # its grow intent is a SHRUNK_TOO_LONG regrow (walked first)
     spared_for: tuple[int, int] | None = None  # (pending job, priority) it would have been shrunk for
+    gain_s: float | None = None  # speedup_growth: net seconds its grow saves (ranks grows among themselves)
 
     @property
     def unit_id(self) -> int:
