@@ -201,7 +201,8 @@ def one_cycle(squeue_text: str, sinfo_text: str, cfg: Any, db: Path, seed: int) 
                                       NOW - timedelta(seconds=rnd.choice([5, 30, 400])), 8, 8)
             for u in result.units}
     t0 = clock()
-    decisions = decide(PolicyInput(snap, result.units, util), cfg, NOW)
+    with gc_paused():  # as the controller's cycle calls it
+        decisions = decide(PolicyInput(snap, result.units, util), cfg, NOW)
     times["policy"] = clock() - t0
     store = SqlStore.open(sqlite_url(db))
     try:

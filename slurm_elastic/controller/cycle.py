@@ -53,6 +53,7 @@ from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
 from slurm_elastic.slurm.adapter import FinalStateReader
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
+from slurm_elastic.slurm.openapi import gc_paused
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.records import (
     ActionKind,
@@ -232,7 +233,8 @@ class Controller:
             in_progress=[ActionInProgress(unit_id, str(a.kind), a.created_at) for unit_id, a in open_by_unit.items()],
             extension_ends=self._extension_ends(now), account_shares=self.accounting.shares(),
             gpu_limits=self.accounting.gpu_limits(), extension_qos=self.cfg.extension_qos or None)
-        decisions = decide(inp, policy, now)
+        with gc_paused():  # pure, leaves no cyclic garbage; GC would only rescan the snapshot
+            decisions = decide(inp, policy, now)
         summary.decisions = decisions
         if self.metrics is not None:
             self._cycle_metrics(self.metrics, snap, built.units, inp.utilization, decisions, now=now)

@@ -217,7 +217,7 @@ class Walk:
             self.live_victims[part] = _Live(lst, _exhausted)
         claimed = self.claimed  # not self: no reference cycle through the walk
         for part, pairs in self.freeing.items():
-            self.live_freeing[part] = _Live(pairs, lambda pair: pair[0] in self.claimed)
+            self.live_freeing[part] = _Live(pairs, lambda pair: pair[0] in claimed)
 
     def _victim_order(self) -> Callable[[UnitWork], tuple[Any, ...]]:
         if self.ctx.cfg.victim_by_service:

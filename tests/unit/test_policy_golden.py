@@ -14,6 +14,7 @@ tests/unit/test_policy_golden.py`` (then review the summary diff).
 from __future__ import annotations
 
 import enum
+import gc
 import hashlib
 import json
 import os
@@ -212,3 +213,21 @@ def test_the_scenarios_exercise_the_walk() -> None:
     grows = sum(v for s in data.values() for k, v in s["counts"].items() if k.startswith("grow:"))
     reclaims = sum(v for s in data.values() for k, v in s["counts"].items() if k == "shrink:RESERVE_RECLAIM")
     assert admits >= 20 and grows >= 20 and reclaims >= 1, data
+
+
+def test_decide_leaves_no_cyclic_garbage() -> None:
+    """The controller runs decide() with cyclic GC paused (controller/cycle.py): that is only free if everything
+    decide() allocates is freed by reference counting alone."""
+    inp = build(7, 1500, 500)
+    cfg = config_from_mapping({"version": 1, "shrink_to_admit": True, "fair_share": True,
+                               "partition": {"serve": {"free_node_reserve": 40, "reclaim_reserve": True}}}, "<gc>")
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        decisions = decide(inp, cfg, NOW)
+        assert gc.collect() == 0
+    finally:
+        if was:
+            gc.enable()
+    assert any(d.is_action for d in decisions)
