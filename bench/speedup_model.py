@@ -1,4 +1,4 @@
-"""How good the constant-sync speedup model (slurm_elastic/policy/speedup.py) is against the Pollux traces.
+"""How good the linear-sync speedup model (slurm_elastic/policy/speedup.py) is against the Pollux traces.
 
 For every (application, global batch) of the Pollux workloads 1-8 and every whole-node size n from 1 up to the
 job's largest valid size (4 GPUs per node by default), the *true* speedup of growing to n + 1 nodes is the
@@ -7,8 +7,9 @@ ratio of the throughputs the simulator's Pollux model reads from the traces' sca
 one is what speedup_growth computes from the GPU utilization at n nodes alone (compute share of a step). Prints
 a Markdown table per application: mean absolute error of the speedup, mean signed error of the marginal
 efficiency, and how often the grow/no-grow call at goodput_min_marginal_efficiency (0.5) agrees.
+``--sync-growth 0`` measures the constant-sync (Amdahl) form instead of the shipped linear one (1).
 
-    .venv/bin/python bench/speedup_model.py [--gpus-per-node 4] [--threshold 0.5]
+    .venv/bin/python bench/speedup_model.py [--gpus-per-node 4] [--threshold 0.5] [--sync-growth 1]
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     parser.add_argument("--threshold", type=float, default=0.5)
+    parser.add_argument("--sync-growth", type=float, default=1.0, help="sync time ~ nodes ** this (model: 1)")
     args = parser.parse_args()
     gpn = args.gpus_per_node
     apps: dict[str, PolluxApplication] = {}
@@ -54,10 +56,11 @@ def main() -> int:
         for n in range(1, top):
             small, big = (gpn,) * n, (gpn,) * (n + 1)
             true = perf.throughput(big) / perf.throughput(small)
-            pred = model_speedup(100.0 * perf.utilization(small), n, 1)
+            pred = model_speedup(100.0 * perf.utilization(small), n, 1, args.sync_growth)
             rows.setdefault(name, []).append((true, pred, efficiency_of(true, n, 1), efficiency_of(pred, n, 1)))
     thr = args.threshold
-    print(f"\n{gpn} GPUs per node; grow call at marginal efficiency >= {thr}\n")
+    print(f"\n{gpn} GPUs per node; sync time ~ nodes ** {args.sync_growth:g}; grow call at marginal efficiency "
+          f">= {thr}\n")
     print("| application | (batch, n -> n+1) pairs | true speedup (mean) | predicted (mean) | mean abs error | "
           "efficiency error (mean, signed) | same grow call |")
     print("|---|---|---|---|---|---|---|")

@@ -169,7 +169,7 @@ KEYS: tuple[KeyDef, ...] = (
            "least marginal efficiency (gain of a step / gain of perfect scaling) to grow or stay grown"),
     KeyDef("speedup_growth", Kind.BOOL, False, None, None, ALL_SCOPES,
            "speedup-aware growth: a unit grows when its next step's speedup (from its published throughput, "
-           "else the constant-sync model fitted to its utilization) saves more of its remaining time than one "
+           "else the linear-sync model fitted to its utilization) saves more of its remaining time than one "
            "restart costs and its marginal efficiency is at least goodput_min_marginal_efficiency, whatever "
            "its utilization band says; spare nodes go to the largest saving first (SPEEDUP_GAIN, "
            "LOW_SPEEDUP_GAIN)"),

@@ -5,11 +5,13 @@ Two sources, best first:
 * **throughput** (the job publishes it through ``slurm_elastic.goodput``): the marginal efficiency of the next
   step from :func:`~slurm_elastic.policy.signals.scaling` (measured at the next larger size, else the last
   step's, as the goodput rule reads it); speedup = 1 + efficiency x added / nodes.
-* **the constant-sync model**, fitted to the window's mean GPU utilization ``u`` at the current size ``n``:
-  a step is compute (share ``u``, divided among the nodes) plus synchronisation (share ``1 - u``, the same at
-  every size, as a ring all-reduce of a fixed model roughly is). At ``m`` nodes a step takes
-  ``u * n / m + 1 - u`` of what it takes now, so the speedup is ``1 / (u * n / m + 1 - u)`` (linear at 100%
-  utilization, none at 0%). ``bench/speedup_model.py`` measures it against the Pollux traces' scalability.csv.
+* **the linear-sync model**, fitted to the window's mean GPU utilization ``u`` at the current size ``n``: a
+  step is compute (share ``u``, divided among the nodes at a fixed global batch) plus synchronisation (share
+  ``1 - u``, growing in proportion to the node count). At ``m`` nodes a step takes
+  ``u * n / m + (1 - u) * m / n`` of what it takes now and the speedup is its inverse: linear at 100%
+  utilization, a slowdown below about 50% for one more node. ``bench/speedup_model.py`` measures it against
+  the Pollux traces' scalability.csv/placements.csv; sync held constant instead (the textbook Amdahl form)
+  was measured there too and is much too optimistic (docs/performance.md, "Speedup-aware growth").
 
 The gain of growing is ``remaining x (1 - 1 / speedup) - restart``: the seconds the remaining run (the time
 limit left) gets shorter, minus one restart. Without a time limit the gain is unbounded and units rank by
@@ -21,13 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-def model_speedup(util_pct: float, nodes: int, add: int) -> float:
-    """Speedup of going from ``nodes`` to ``nodes + add`` under the constant-sync model, from the mean GPU
-    utilization (percent) at ``nodes``."""
+def model_speedup(util_pct: float, nodes: int, add: int, sync_growth: float = 1.0) -> float:
+    """Speedup of going from ``nodes`` to ``nodes + add`` under the linear-sync model, from the mean GPU
+    utilization (percent) at ``nodes``; ``sync_growth`` 0 holds sync time constant instead (for the bench)."""
     if nodes <= 0 or add <= 0:
         return 1.0
     u = min(1.0, max(0.0, util_pct / 100.0))
-    return 1.0 / (u * nodes / (nodes + add) + 1.0 - u)
+    m = nodes + add
+    growth: float = (m / nodes) ** sync_growth
+    return 1.0 / (u * nodes / m + (1.0 - u) * growth)
 
 
 def speedup_from_efficiency(efficiency: float, nodes: int, add: int) -> float:

@@ -202,10 +202,10 @@ CASES: list[Case] = [
     Case(Reason.TAIL_PROTECTED, Action.HOLD, tail_protected, "not shrunk to admit pending job 900 (priority 5000 > "
          "100): shrunk 4000s of its 7200s life (56% > max_shrunk_share 30%) (tail_protection); otherwise IN_BAND",
          basis=Basis.QUEUE),
-    Case(Reason.SPEEDUP_GAIN, Action.GROW, lambda: one(75, time_limit_min=600, config=cfg(speedup_growth=True)),
-         "+1 node(s) to 1: speedup 1.600 (utilization model, mean util 75%", basis=Basis.UTILIZATION, target=2),
-    Case(Reason.LOW_SPEEDUP_GAIN, Action.HOLD, lambda: one(60, time_limit_min=600, config=cfg(speedup_growth=True)),
-         "marginal efficiency 0.43, saves", basis=Basis.UTILIZATION),
+    Case(Reason.SPEEDUP_GAIN, Action.GROW, lambda: one(95, time_limit_min=600, config=cfg(speedup_growth=True)),
+         "+1 node(s) to 1: speedup 1.739 (utilization model, mean util 95%", basis=Basis.UTILIZATION, target=2),
+    Case(Reason.LOW_SPEEDUP_GAIN, Action.HOLD, lambda: one(85, time_limit_min=600, config=cfg(speedup_growth=True)),
+         "marginal efficiency 0.38, saves", basis=Basis.UTILIZATION),
     Case(Reason.FAIR_SHARE_LIMIT, Action.HOLD, fair, "account a has used its fair share", unit_id=101),
     Case(Reason.RESTART_COST, Action.HOLD, restart_cost, "expected gain 600s over the remaining 1200s <= restart "
          "cost 600s"),

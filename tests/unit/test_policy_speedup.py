@@ -1,4 +1,4 @@
-"""Speedup-aware growth (speedup_growth): the constant-sync model, the gain, the grow/hold rule and the ranking."""
+"""Speedup-aware growth (speedup_growth): the linear-sync model, the gain, the grow/hold rule and the ranking."""
 
 from __future__ import annotations
 
@@ -16,18 +16,23 @@ from tests.unit.policy_builders import NOW, cfg, job, make_input, nodes, pending
     ("util_pct", "n", "add", "expected"),
     [
         (100, 1, 1, 2.0),  # all compute: linear
-        (0, 2, 2, 1.0),  # all sync: nothing to gain
-        (50, 1, 1, 1 / 0.75),  # half the step is sync: 0.5/2 + 0.5
-        (80, 4, 1, 1 / (0.8 * 4 / 5 + 0.2)),
+        (0, 2, 2, 0.5),  # all sync, and sync grows with the nodes: twice as slow
+        (50, 1, 1, 1 / (0.25 + 1.0)),  # half the step is sync: slower on two nodes
+        (80, 4, 1, 1 / (0.8 * 4 / 5 + 0.2 * 5 / 4)),
     ],
 )
-def test_constant_sync_model(util_pct: float, n: int, add: int, expected: float) -> None:
+def test_linear_sync_model(util_pct: float, n: int, add: int, expected: float) -> None:
     assert model_speedup(util_pct, n, add) == pytest.approx(expected)
+
+
+def test_constant_sync_form_for_the_bench() -> None:
+    assert model_speedup(50, 1, 1, sync_growth=0) == pytest.approx(1 / 0.75)
 
 
 def test_efficiency_round_trip() -> None:
     assert efficiency_of(speedup_from_efficiency(0.7, 3, 1), 3, 1) == pytest.approx(0.7)
     assert efficiency_of(model_speedup(100, 2, 2), 2, 2) == pytest.approx(1.0)
+    assert efficiency_of(model_speedup(40, 1, 1), 1, 1) < 0  # a slowdown
 
 
 def test_gain_is_time_saved_net_of_the_restart() -> None:
@@ -49,23 +54,23 @@ def _decide(units_utils: list[tuple[int, float, list[ThroughputSample]]], *, fre
 
 
 def test_grows_below_the_band_when_the_next_node_pays() -> None:
-    d = _decide([(100, 75, [])])[100]  # 75% < scale_up_above 80: the band alone would hold
+    d = _decide([(100, 92, [])], scale_up_above=95, scale_down_below=20)[100]  # the band alone would hold
     assert (d.action, d.reason, d.basis) == (Action.GROW, Reason.SPEEDUP_GAIN, Basis.UTILIZATION)
     assert d.inputs["speedup_source"] == "utilization model"
-    assert d.inputs["next_speedup"] == pytest.approx(round(model_speedup(75, 1, 1), 3))
+    assert d.inputs["next_speedup"] == pytest.approx(round(model_speedup(92, 1, 1), 3))
     assert d.inputs["restart_cost_s"] == 90.0 and d.inputs["restart_cost.source"] == "observed"
     assert "saves" in d.message and "net of a 90s restart" in d.message
 
 
 def test_off_the_band_rule_decides() -> None:
-    d = _decide([(100, 75, [])], speedup_growth=False)[100]
+    d = _decide([(100, 92, [])], scale_up_above=95, scale_down_below=20, speedup_growth=False)[100]
     assert (d.action, d.reason) == (Action.HOLD, Reason.IN_BAND)
 
 
 def test_low_efficiency_holds_even_above_the_band() -> None:
-    d = _decide([(100, 60, [])], scale_up_above=50, scale_down_below=10)[100]  # model efficiency 0.43 < 0.5
+    d = _decide([(100, 85, [])], scale_up_above=50, scale_down_below=10)[100]  # model efficiency 0.38 < 0.5
     assert (d.action, d.reason) == (Action.HOLD, Reason.LOW_SPEEDUP_GAIN)
-    assert "efficiency 0.43 < 0.50" in d.message
+    assert "efficiency 0.38 < 0.50" in d.message
 
 
 def test_near_the_end_the_restart_eats_the_gain() -> None:
@@ -88,10 +93,10 @@ def test_published_throughput_wins_over_the_model() -> None:
 
 def test_the_spare_node_goes_to_the_largest_saving() -> None:
     # one free node, two candidates: the better-scaling unit gets it whatever the unit ids say
-    got = _decide([(100, 82, []), (101, 99, [])], free=1)
+    got = _decide([(100, 92, []), (101, 99, [])], free=1)
     assert got[101].action is Action.GROW and got[101].reason is Reason.SPEEDUP_GAIN
     assert got[100].action is Action.HOLD and got[100].reason is Reason.NO_FREE_NODES
-    got = _decide([(100, 99, []), (101, 82, [])], free=1)
+    got = _decide([(100, 99, []), (101, 92, [])], free=1)
     assert got[100].action is Action.GROW and got[101].action is Action.HOLD
 
 
