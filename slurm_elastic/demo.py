@@ -97,9 +97,10 @@ class Demo:
         cfg.write_text(f"""version = 1
 [controller]
 interval_s = 3
-db_url = "sqlite:///{db}"
 policy_file = "{self.dir / 'policy.toml'}"
 reconcile_interval_s = 10
+[store]
+url = "sqlite:///{db}"
 [agents]
 key_file = "{self.dir / 'agent.key'}"
 timeout_s = 3

@@ -51,12 +51,13 @@ version = 1
 interval_s = {INTERVAL_S}
 dry_run = {"true" if dry_run else "false"}
 max_snapshot_age_s = 30
-db_url = "{db_url or f"sqlite:///{tmp / 'state.db'}"}"
 holder = "{holder}"
-table_prefix = "{table_prefix}"
 policy_file = "{policy}"
 lease_ttl_s = 10
 reconcile_interval_s = 5
+[store]
+url = "{db_url or f"sqlite:///{tmp / 'state.db'}"}"
+table_prefix = "{table_prefix}"
 [agents]
 key_file = "{agents.key_file}"
 timeout_s = 3

@@ -203,8 +203,9 @@ mps_per_gpu = 100
 wait_timeout_s = 120
 verify_timeout_s = 120
 poll_interval_s = 1
-db_url = "{sqlite_url(tmp / 'state.db')}"
 lock_dir = "{tmp / 'locks'}"
+[store]
+url = "{sqlite_url(tmp / 'state.db')}"
 [mig.commands]
 slurmd_stop = ["{daemon}", "stop-slurmd", "{{node}}"]
 slurmd_start = ["{daemon}", "start-slurmd", "{{node}}"]
