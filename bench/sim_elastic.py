@@ -5,7 +5,7 @@ Every elastic run calls the production policy (``slurm_elastic.policy.decide``) 
 same seeded models. Prints Markdown.
 
     .venv/bin/python bench/sim_elastic.py [--table main|sets|defaults|rules|rules-defaults|artifact|limits|all]
-        [--policy bench/sim-policy.toml] [--workloads 1-8] [--nodes 16] [--gpus-per-node 4]
+        [--policy bench/sim-policy.toml] [--workloads 1-8] [--rules speedup_growth,...] [--nodes 16] [--gpus-per-node 4]
 
 One row of ``main`` is also one CLI call:
 ``slurm-elastic simulate traces/pollux/workloads/workload-N.csv --format pollux --nodes 16
@@ -48,6 +48,7 @@ RULES: tuple[tuple[str, str, Any, Any], ...] = (
     ("extend_time_limit", "extend_time_limit_on_shrink", True, False),
     ("tail_protection", "tail_protection", True, False),
     ("victim_by_service", "victim_by_service", True, False),
+    ("speedup_growth", "speedup_growth", True, False),
 )
 ARTIFACT = {"rigid FIFO + greedy backfill": 6262, "Tiresias": 3470, "Pollux": 2446}
 
@@ -121,16 +122,21 @@ def table_compare(bench: Bench, wset: str, workloads: Sequence[int], cfg: Policy
     print(f"| **worst** | | | **{max(d_avg) * 100:+.0f}%** | | | | | **{max(d_p99) * 100:+.0f}%** | | |")
 
 
-def table_rules(bench: Bench, workloads: Sequence[int], base: Mapping[str, Any], name: str) -> None:
+def table_rules(bench: Bench, workloads: Sequence[int], base: Mapping[str, Any], name: str,
+                only: Sequence[str] = ()) -> None:
+    """One column per rule flipped against ``base``, then all on; ``only``: just those rules, no "all on"."""
     print(f"\n### Per rule (issue 9), against {name}: avg JCT / p99 JCT, change from the rigid baseline\n")
     variants: list[tuple[str, PolicyConfig]] = [(name, config_from_mapping(base, name))]
     every: dict[str, Any] = {}
     for label, key, on, off in RULES:
+        if only and label not in only:
+            continue
         is_on = base.get(key, DEFAULTS[key]) == on  # a key not in the base has its packaged default
         every[key] = on
         variants.append((f"{label} {'off' if is_on else 'on'}",
                          config_from_mapping({**base, key: off if is_on else on}, label)))
-    variants.append(("all on", config_from_mapping({**base, **every}, "all on")))
+    if not only:
+        variants.append(("all on", config_from_mapping({**base, **every}, "all on")))
     print("| workload | rigid avg | " + " | ".join(label for label, _ in variants) + " |")
     print("|---|---|" + "---|" * len(variants))
     sums: list[list[float]] = [[] for _ in variants]
@@ -176,9 +182,15 @@ def main() -> int:
     parser.add_argument("--workloads", type=_workloads, default=list(range(1, 9)))
     parser.add_argument("--scheduler", choices=["backfill", "greedy"], default="backfill",
                         help="base scheduler of rigid and elastic: EASY backfill or FIFO + greedy backfill")
+    parser.add_argument("--rules", default="", help="--table rules/rules-defaults: only these comma-separated "
+                        f"rules ({', '.join(r[0] for r in RULES)}), without the 'all on' column")
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     args = parser.parse_args()
+    only = [r for r in args.rules.split(",") if r]
+    unknown = sorted(set(only) - {r[0] for r in RULES})
+    if unknown:
+        parser.error(f"unknown rule(s) {', '.join(unknown)}")
     base = tomllib.loads(args.policy.read_text(encoding="utf-8"))
     cfg = config_from_mapping(base, str(args.policy))
     bench = Bench(args.nodes, args.gpus_per_node, args.scheduler)
@@ -189,8 +201,9 @@ def main() -> int:
                           for s in ("workloads-0.5", "workloads-1.5")]),
         ("defaults", lambda: table_compare(bench, "workloads", args.workloads, default_config(),
                                            "Rigid vs elastic with the packaged policy defaults (no --policy)")),
-        ("rules", lambda: table_rules(bench, args.workloads, base, args.policy.name)),
-        ("rules-defaults", lambda: table_rules(bench, args.workloads, {"version": 1}, "the packaged defaults")),
+        ("rules", lambda: table_rules(bench, args.workloads, base, args.policy.name, only)),
+        ("rules-defaults", lambda: table_rules(bench, args.workloads, {"version": 1}, "the packaged defaults",
+                                               only)),
         ("artifact", lambda: table_artifact(bench, cfg)),
         ("limits", lambda: table_compare(bench, "workloads", args.workloads, cfg,
                                          "Sensitivity: the policy sees no time limits (UNLIMITED jobs)",
