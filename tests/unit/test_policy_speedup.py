@@ -8,6 +8,8 @@ import pytest
 
 from slurm_elastic.controller.hold_filter import BANDED_INPUTS, VOLATILE_INPUTS
 from slurm_elastic.policy import Action, Basis, Decision, Reason, ThroughputSample, decide
+from slurm_elastic.policy.config import resolve_unit
+from slurm_elastic.policy.inputs import uses_goodput
 from slurm_elastic.policy.speedup import efficiency_of, grow_gain, model_speedup, speedup_from_efficiency
 from tests.unit.policy_builders import NOW, cfg, job, make_input, nodes, pending, tput, unit, util
 
@@ -108,3 +110,9 @@ def test_pending_jobs_of_higher_priority_keep_the_spare_nodes() -> None:
 def test_hold_filter_knows_the_new_inputs() -> None:
     assert "grow_gain_s" in VOLATILE_INPUTS  # shrinks with the time left every cycle
     assert {"speedup_efficiency", "next_speedup"} <= set(BANDED_INPUTS)
+
+
+def test_throughput_is_read_for_speedup_growth() -> None:
+    u = unit(job(100))
+    assert uses_goodput(resolve_unit(cfg(speedup_growth=True), u))
+    assert not uses_goodput(resolve_unit(cfg(), u))
