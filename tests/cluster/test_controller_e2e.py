@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -221,8 +222,8 @@ def test_torchrun_workers_join_the_rendezvous_as_the_job_grows(stack: Agents, tm
     assert (jobs_python / "python3").exists(), "scripts/bootstrap builds .venv-jobs with torch"
     env_path = f"{jobs_python}:/usr/local/bin:/usr/bin:/bin"
     script = torchrun_test_script(cluster)
-    work = cluster.jobs_dir / f"work-{tmp_path.name}"  # the user's own working directory: notices, checkpoints
-    work.mkdir()
+    # The user's own working directory (notices, checkpoints), new for every run: the jobs dir outlives test runs.
+    work = Path(tempfile.mkdtemp(prefix="work-torchrun-", dir=cluster.jobs_dir))
     shutil.copy(REPO / "sbatch_templates" / "train_elastic.py", work / "train_elastic.py")
     shutil.chown(work, "alice")
     cp = cluster.run(["env", f"PATH={env_path}", "sbatch", "--parsable", f"--chdir={work}",
