@@ -15,6 +15,7 @@ from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import parse_config
+from slurm_elastic.policy.schema import DEFAULTS
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, DecisionFilter, PauseScope
 from tests.unit.storehelpers import FakeClock, memory_store
@@ -212,4 +213,5 @@ def test_explain_shows_the_rule_the_signal_and_the_profile_behind_each_decision(
     # The settings are resolved at the real now (the CLI's own clock): the profile only on a real weekend.
     weekend = datetime.now(tz=UTC).weekday() >= 5
     assert ["profile_now", "weekend" if weekend else "(none)"] in rows, out.output
-    assert ["scale_up_above", "60" if weekend else "80", "profile weekend" if weekend else "default"] in rows
+    default_up = str(DEFAULTS["scale_up_above"])  # the packaged default
+    assert ["scale_up_above", "60" if weekend else default_up, "profile weekend" if weekend else "default"] in rows
