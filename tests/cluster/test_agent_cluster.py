@@ -12,6 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -46,9 +47,19 @@ def submit(agents: Agents, script: str, node: str, gpus: int = 2, user: str = "r
 
 def registered(agents: Agents, node: str, job: int) -> float:
     """Waits until the job's workload is in its node's state file; returns when it was seen there."""
+    def owner(path: Path) -> str | None:
+        # The prolog writes `.<gpu>.<job>` and renames it to `<gpu>`; an epilog may remove a file meanwhile.
+        if path.name.startswith("."):
+            return None
+        try:
+            words = path.read_text().split()
+        except FileNotFoundError:
+            return None
+        return words[0] if words else None
+
     def probe() -> float | None:
         jobs_dir = agents.cluster.root / "gpu-map" / node
-        mine = {int(p.name) for p in jobs_dir.iterdir() if p.read_text().split()[0] == str(job)}
+        mine = {int(p.name) for p in jobs_dir.iterdir() if owner(p) == str(job)}
         entries = {p.gpu for p in agents.state(node).read().processes}
         return time.time() if mine and mine <= entries else None
     return wait_for(f"job {job}'s workload on {node}", probe)
