@@ -126,9 +126,16 @@ def test_invalid_job_id_gives_typed_error_with_slurm_message(slurm: SlurmCli) ->
 
 
 def test_signal_and_cancel(slurm: SlurmCli, clean_cluster: TestCluster) -> None:
-    script = "#!/bin/bash\ntrap 'echo got-usr1; exit 0' USR1\nwhile true; do sleep 1; done\n"
+    script = "#!/bin/bash\ntrap 'echo got-usr1; exit 0' USR1\necho trap-set\nwhile true; do sleep 1; done\n"
     job_id = clean_cluster.submit(script, "-N1")
     clean_cluster.wait_state(job_id, {"RUNNING"})
+    # RUNNING comes before the batch step has started the script: signal once the trap is in place (a signal
+    # sent earlier was lost on 24.11).
+    out = clean_cluster.jobs_dir / f"{job_id}.out"
+    deadline = time.monotonic() + 30
+    while not (out.exists() and "trap-set" in out.read_text()):
+        assert time.monotonic() < deadline, f"job {job_id}'s script never started"
+        time.sleep(0.2)
     slurm.signal(job_id, "USR1", batch_only=True)
     clean_cluster.wait_state(job_id, {"COMPLETED"}, timeout=30)
     assert "got-usr1" in (clean_cluster.jobs_dir / f"{job_id}.out").read_text()
