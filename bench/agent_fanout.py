@@ -12,7 +12,7 @@ on its own loopback port, serving the JSON of a realistic report (8 GPUs, 2 jobs
 * **serial estimate**: one signed, validated fetch of one agent at a time (median of ``--single`` fetches)
   times the number of agents: what a controller asking agents one after the other would take.
 
-Target (issue 7): at most 3 s per collection cycle. Loopback only; every loop is bounded in count and time.
+Target: at most 3 s per collection cycle. Loopback only; every loop is bounded in count and time.
 
     .venv/bin/python bench/agent_fanout.py [--agents 2000] [--servers 3] [--cycles 3] [--concurrency 64]
 """

@@ -13,7 +13,7 @@ including the NVML worker), so the figures are CPU, not wall time:
   attribution, window aggregation, payload validation and JSON encoding;
 - /metrics scrape: rendering the Prometheus text of that sample (once per scrape, not per sample).
 
-Target (issue 3): an agent sample at most 1% of one core at 1 Hz. The ratio to the bare calls is what to
+Target: an agent sample at most 1% of one core at 1 Hz. The ratio to the bare calls is what to
 compare across machines; the virtual library's calls are cheap, so the ratio overstates the agent's share of a
 real NVML sample.
 """

@@ -9,11 +9,11 @@ are pending. Per repetition, timed as process CPU time:
 1. ``json.loads`` of both documents alone: the baseline every ratio is against;
 2. parse: ``json.loads`` + ``parse_squeue`` + ``parse_nodes`` into a ClusterSnapshot;
 3. units: ``controller.units.build_units`` (elastic units from the admin_comment specs);
-4. policy: ``policy.decide`` (every issue-9 rule on), given agent utilization built beforehand;
+4. policy: ``policy.decide`` (every rule behind a switch on), given agent utilization built beforehand;
 5. DB write: ``store.decisions.begin_cycle`` + ``record_decisions`` (every decision, holds included, as the
    controller records them) + ``finish_cycle`` on a fresh SQLite file.
 
-Target (issue 7): parse + units + policy + DB write <= 1 s of CPU.
+Target: parse + units + policy + DB write <= 1 s of CPU.
 
     .venv/bin/python bench/controller_cycle.py [--jobs 10000] [--nodes 2000] [--gpus-per-node 8] [--repeat 3]
     .venv/bin/python bench/controller_cycle.py --sizes 1000,10000,25000,51000,100000 --repeat 1   # growth table

@@ -38,7 +38,7 @@ from slurm_elastic.sim.run import simulate_one  # noqa: E402
 from slurm_elastic.sim.traces import traces_dir  # noqa: E402
 from slurm_elastic.sim.workload import Workload  # noqa: E402
 
-# The issue-9 rules: (label, key, value when on, value when off). Each is flipped, one at a time, against a base.
+# The switched rules: (label, key, value when on, value when off). Each is flipped, one at a time, against a base.
 RULES: tuple[tuple[str, str, Any, Any], ...] = (
     ("shrink_to_admit", "shrink_to_admit", True, False),
     ("fair_share", "fair_share", True, False),
@@ -125,7 +125,7 @@ def table_compare(bench: Bench, wset: str, workloads: Sequence[int], cfg: Policy
 def table_rules(bench: Bench, workloads: Sequence[int], base: Mapping[str, Any], name: str,
                 only: Sequence[str] = ()) -> None:
     """One column per rule flipped against ``base``, then all on; ``only``: just those rules, no "all on"."""
-    print(f"\n### Per rule (issue 9), against {name}: avg JCT / p99 JCT, change from the rigid baseline\n")
+    print(f"\n### Per rule, against {name}: avg JCT / p99 JCT, change from the rigid baseline\n")
     variants: list[tuple[str, PolicyConfig]] = [(name, config_from_mapping(base, name))]
     every: dict[str, Any] = {}
     for label, key, on, off in RULES:

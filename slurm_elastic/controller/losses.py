@@ -1,4 +1,5 @@
-"""Slurm-side losses: extension jobs that Slurm takes away without the controller asking (issue 9).
+"""Slurm-side losses: extension jobs that Slurm takes away without the controller asking
+(preemption, node failure), recorded as decisions so that cooldown and explain see them.
 
 An extension job can run in a preemptible QOS (``[extension] qos = "scavenger"``): a higher-priority job then
 makes Slurm preempt it (``PreemptMode=REQUEUE`` on a ``--no-requeue`` job ends it in state ``PREEMPTED``,

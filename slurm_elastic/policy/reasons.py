@@ -59,7 +59,7 @@ class Reason(enum.StrEnum):
     PENDING_HIGHER_PRIORITY = "PENDING_HIGHER_PRIORITY"
     RESERVE_KEPT = "RESERVE_KEPT"
     RESERVE_RECLAIM = "RESERVE_RECLAIM"
-    # policy depth (issue 9), each behind a switch
+    # rules beyond the utilization band, each behind a switch
     SHRINK_TO_ADMIT = "SHRINK_TO_ADMIT"
     FAIR_SHARE_LIMIT = "FAIR_SHARE_LIMIT"
     RESTART_COST = "RESTART_COST"
@@ -71,7 +71,8 @@ class Reason(enum.StrEnum):
     # speedup-aware growth, behind speedup_growth
     SPEEDUP_GAIN = "SPEEDUP_GAIN"
     LOW_SPEEDUP_GAIN = "LOW_SPEEDUP_GAIN"
-    # Slurm-side losses (issue 9): recorded by the controller's shell (controller/losses.py), never by decide()
+    # Slurm-side losses (preemption, node failure): recorded by the controller's shell (controller/losses.py),
+    # never by decide()
     PREEMPTED_BY_SLURM = "PREEMPTED_BY_SLURM"
     NODE_FAILURE = "NODE_FAILURE"
     # the shell's state: an unfinished action, extension jobs that die on their own (policy/holds.py)

@@ -119,7 +119,7 @@ KEYS: tuple[KeyDef, ...] = (
            "decide but do not act: every decision becomes a hold with reason PAUSED"),
     KeyDef("paused_jobs", Kind.INT_LIST, (), None, None, GLOBAL_ONLY,
            "unit job ids paused individually"),
-    # --- policy depth (issue 9), each behind its switch ------------------------------------------------
+    # --- rules beyond the utilization band, each behind its switch ------------------------------------------------
     KeyDef("shrink_to_admit", Kind.BOOL, True, None, None, ALL_SCOPES,
            "let a higher-priority pending job take nodes this unit holds above its min (resolved for the "
            "victim unit)"),

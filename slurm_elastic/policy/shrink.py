@@ -1,4 +1,4 @@
-"""Which nodes a shrink gives back, and in what order (see issue 4, section 2).
+"""Which nodes a shrink gives back, and in what order.
 
 Order: pending extension jobs are always cancelled (they hold no node yet but would grow the job again);
 then running extension jobs, newest first, each from its last node to its own first node; then the leader's

@@ -1,4 +1,4 @@
-"""Policy rules of issue 9 on the real cluster: shrink-to-admit for a `high` job, and a time-window profile.
+"""Switched policy rules on the real cluster: shrink-to-admit for a `high` job, and a time-window profile.
 
 Real slurmctld/slurmd, real agents over virtual GPUs, the real controller process; the policy file is the
 harness's small-number one plus the rule under test.

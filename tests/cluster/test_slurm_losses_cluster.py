@@ -1,4 +1,4 @@
-"""Slurm-side losses on the real cluster (issue 9): extension jobs that Slurm takes away by itself.
+"""Slurm-side losses on the real cluster: extension jobs that Slurm takes away by itself.
 
 a. Extensions in a preemptible QOS (``[extension] qos = "scavenger"``) are preempted by Slurm alone when a
    ``--qos=high`` job needs their nodes; the controller records PREEMPTED_BY_SLURM, the leader runs on at its

@@ -1,4 +1,4 @@
-"""The issue-7 benchmarks in a short form: their machinery runs end to end on a tiny input (counts, no timings)."""
+"""The scale benchmarks in a short form: their machinery runs end to end on a tiny input (counts, no timings)."""
 
 from __future__ import annotations
 
