@@ -11,6 +11,7 @@ import os
 import pwd
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,13 +22,26 @@ from slurm_elastic.cli.api_backend import backend_options, call
 from slurm_elastic.cli.decisions_cmd import parse_since
 from slurm_elastic.cli.output import age, emit, output_options
 from slurm_elastic.errors import SlurmElasticError
-from slurm_elastic.report import COLUMNS, GROUP_KEYS, in_window, job_facts, report_rows, utilization_series
+from slurm_elastic.report import (
+    COLUMNS,
+    GROUP_KEYS,
+    JobFacts,
+    in_window,
+    job_facts,
+    report_rows,
+    utilization_series,
+)
 from slurm_elastic.sim.loaders.sacct import AccountingJob, parse_accounting
 from slurm_elastic.sim.metrics import DEFAULT_STARVATION_THRESHOLD
 from slurm_elastic.slurm.adapter import SlurmCli
 
 #: Utilization is downsampled to this many buckets over the window (at least a minute each).
 _BUCKETS = 400
+
+
+def _report_bucket_s(span_s: float) -> float:
+    """About _BUCKETS utilization points over the window, never finer than a minute."""
+    return max(60.0, span_s / _BUCKETS)
 _SECONDS = {c for c in COLUMNS if c.endswith("_s")}
 
 
@@ -119,6 +133,35 @@ def window(since: str, until: str | None) -> tuple[datetime, datetime]:
     return start, end
 
 
+@dataclass(frozen=True)
+class EndedJobs:
+    """The jobs that ended in a window, read from sacct and (when it answers) the controller's journal."""
+    start: datetime
+    end: datetime
+    jobs: list[AccountingJob]
+    skipped: dict[str, int]  # sacct rows left out, by why
+    down: str | None  # why the controller could not be asked, or None
+    facts: list[JobFacts]
+    folded: int  # extension jobs counted in their elastic jobs
+
+
+def read_ended_jobs(url: str | None, socket_: str | None, since: str, until: str | None, *, progress: bool | None,
+                    bucket_s: Callable[[float], float]) -> EndedJobs:
+    """What report and whatif both start from; ``bucket_s`` maps the window's length to the usage sample bucket."""
+    start, end = window(since, until)
+    user, down = caller_scope(url, socket_)
+    try:
+        jobs, skipped = read_accounting(start, end, user, progress)
+    except SlurmElasticError as e:
+        raise click.ClickException(f"reading accounting: {e}") from e
+    usage: dict[str, Any] | None = None
+    if down is None:
+        usage = call(url, socket_, "usage", {"since": start.isoformat(), "until": end.isoformat(),
+                                             "bucket_s": bucket_s((end - start).total_seconds())})
+    facts, folded = job_facts(jobs, usage)
+    return EndedJobs(start, end, jobs, skipped, down, in_window(facts, start, end), folded)
+
+
 @click.command("report")
 @backend_options
 @window_options("7d")
@@ -133,31 +176,22 @@ def report_cmd(*, url: str | None, socket_: str | None, since: str, until: str |
     queue wait (mean, std, p50, p99), starved jobs, GPU utilization (mean and variance, where the controller
     sampled), GPU-hours allocated vs used, resizes and the node-hours they moved. Ordinary users see their own
     jobs only."""
-    start, end = window(since, until)
-    user, down = caller_scope(url, socket_)
-    try:
-        jobs, skipped = read_accounting(start, end, user, progress)
-    except SlurmElasticError as e:
-        raise click.ClickException(f"reading accounting: {e}") from e
-    usage: dict[str, Any] | None = None
-    bucket_s = max(60.0, (end - start).total_seconds() / _BUCKETS)
-    if down is None:
-        usage = call(url, socket_, "usage", {"since": start.isoformat(), "until": end.isoformat(),
-                                             "bucket_s": bucket_s})
-    facts, folded = job_facts(jobs, usage)
-    facts = in_window(facts, start, end)
-    notes(skipped, [f"{down}: no job counts as elastic, no utilization" if down else None,
-                    f"{folded} extension job(s) counted in their elastic jobs" if folded else None])
+    ended = read_ended_jobs(url, socket_, since, until, progress=progress, bucket_s=_report_bucket_s)
+    facts = ended.facts
+    notes(ended.skipped, [f"{ended.down}: no job counts as elastic, no utilization" if ended.down else None,
+                          f"{ended.folded} extension job(s) counted in their elastic jobs" if ended.folded else None])
     rows = report_rows(facts, by, starvation_threshold)
     render(rows, parsable=parsable, as_json=as_json, noheader=noheader)
     if plot_dir is not None:
         from slurm_elastic.sim.plots import write_report_plots
 
         kinds = {"elastic": [f for f in facts if f.elastic], "rigid": [f for f in facts if not f.elastic]}
+        span_s = (ended.end - ended.start).total_seconds()
         try:
             paths = write_report_plots({k: [f.jct for f in v] for k, v in kinds.items()},
                                        {k: [f.wait for f in v] for k, v in kinds.items()},
-                                       utilization_series(facts, bucket_s, start.timestamp()), plot_dir)
+                                       utilization_series(facts, _report_bucket_s(span_s), ended.start.timestamp()),
+                                       plot_dir)
         except SlurmElasticError as e:
             raise click.ClickException(str(e)) from e
         for path in paths:

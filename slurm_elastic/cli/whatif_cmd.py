@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import click
 
 from slurm_elastic.cli.api_backend import backend_options, call
 from slurm_elastic.cli.output import output_options
-from slurm_elastic.cli.report_cmd import caller_scope, notes, read_accounting, render, window, window_options
+from slurm_elastic.cli.report_cmd import notes, read_ended_jobs, render, window_options
 from slurm_elastic.errors import SlurmElasticError
-from slurm_elastic.report import group_row, in_window, job_facts, replay_row
+from slurm_elastic.report import group_row, replay_row
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.loaders.sacct import accounting_workload
 from slurm_elastic.sim.policy_adapter import make_policy
@@ -63,18 +62,10 @@ def whatif_cmd(*, url: str | None, socket_: str | None, since: str, until: str |
                seed: int, scheduler: str, parsable: bool, as_json: bool, noheader: bool) -> None:
     """Replay the jobs that ended in the window, rigid and elastic, and print them in the rows of ``report``
     next to what actually happened. Ordinary users replay their own jobs only."""
-    start, end = window(since, until)
-    user, down = caller_scope(url, socket_)
-    try:
-        jobs, skipped = read_accounting(start, end, user, progress)
-    except SlurmElasticError as e:
-        raise click.ClickException(f"reading accounting: {e}") from e
-    usage: dict[str, Any] | None = None
-    if down is None:
-        usage = call(url, socket_, "usage", {"since": start.isoformat(), "until": end.isoformat(),
-                                             "bucket_s": max(60.0, (end - start).total_seconds())})
-    facts, folded = job_facts(jobs, usage)
-    facts = in_window(facts, start, end)
+    # One usage bucket over the whole window: the replay needs only which jobs were elastic, not a series.
+    ended = read_ended_jobs(url, socket_, since, until, progress=progress,
+                            bucket_s=lambda span_s: max(60.0, span_s))
+    jobs, skipped, down, facts, folded = ended.jobs, ended.skipped, ended.down, ended.facts, ended.folded
     kept = {f.job_id for f in facts}
     replayed = [j for j in jobs if j.spec.job_id in kept]
     n, g = cluster_shape(nodes, gpus_per_node)
