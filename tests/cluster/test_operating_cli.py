@@ -28,6 +28,7 @@ from tests.cluster.controller_harness import (
     wait_until,
 )
 from tests.cluster.harness import TestCluster
+from tests.cluster.prometheus_harness import running_prometheus
 
 pytestmark = pytest.mark.cluster
 
@@ -226,27 +227,16 @@ def test_a_real_prometheus_answers_the_dashboard_queries(running: tuple[Controll
     ctl, _cli, job = running
     # A short rigid job ends while Prometheus scrapes: the finished-job histograms get their first series.
     short = agents.cluster.submit("#!/bin/sh\nsleep 1\n", "-N1", "--gres=gpu:1", "--time=1", user="bob")
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus is not installed: run scripts/bootstrap"
     targets = ", ".join(f'"{agents.metrics_address(n)}"' for n in agents.cluster.nodes)
     auth = f"{{type: Bearer, credentials_file: {agents.metrics_token_file}}}"
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text(f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-scrape_configs:
+    with running_prometheus(tmp_path, PROMETHEUS_PORT, f"""\
   - job_name: controller
     authorization: {auth}
     static_configs: [{{targets: ["127.0.0.1:{METRICS_PORT}"]}}]
   - job_name: agents
     authorization: {auth}
     static_configs: [{{targets: [{targets}]}}]
-""")
-    log = tmp_path / "prometheus.log"
-    with open(log, "wb") as out:
-        prom = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"], stdout=out,
-                                stderr=subprocess.STDOUT)
-    try:
+"""):
         def ready() -> bool:
             try:
                 return len(prom_query("up == 1")) == 1 + len(agents.cluster.nodes)
@@ -275,10 +265,3 @@ scrape_configs:
             for r in prom_query('slurm_elastic_job_completion_seconds_count{elastic="false"}')), 60, ctl)
         series = [r["metric"] for r in prom_query(f'slurm_elastic_job_nodes{{jobid="{job}"}}')]
         assert any(isinstance(m, dict) and m.get("jobid") == str(job) for m in series)
-    finally:
-        prom.terminate()
-        try:
-            prom.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            prom.kill()
-            prom.wait()

@@ -8,8 +8,6 @@ Prometheus with the source's ``agent`` series."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -29,6 +27,7 @@ from tests.cluster.controller_harness import (
     wait_until,
 )
 from tests.cluster.dcgm_exporter import vgpu_dcgm_exporters
+from tests.cluster.prometheus_harness import running_prometheus
 from tests.cluster.test_controller_e2e import extensions_of
 
 pytestmark = pytest.mark.cluster
@@ -51,30 +50,20 @@ def instant(expr: str) -> list[dict[str, object]]:
 
 def test_controller_on_prometheus_shrinks_an_idle_job_and_grows_a_busy_one(stack: Agents, tmp_path: Path) -> None:
     cluster = stack.cluster
-    binary = shutil.which("prometheus")
-    assert binary, "prometheus is not installed: run scripts/bootstrap"
     marker = marker_file(cluster)
     idle = cluster.submit(elastic_script(10, IDLE, marker), "-N2", "--gres=gpu:2", "--time=60", user="alice")
     busy = cluster.submit(elastic_script(90, BUSY, marker), "-N1", "--gres=gpu:2", "--time=60", user="bob")
     cluster.wait_state(idle, {"RUNNING"})
     cluster.wait_state(busy, {"RUNNING"})
     with vgpu_dcgm_exporters(cluster.root, cluster.nodes, hostname=lambda n: f"{n}.cluster.test") as dcgm:
-        cfg = tmp_path / "prometheus.yml"
         agents = ", ".join(f'"{stack.metrics_address(n)}"' for n in cluster.nodes)
-        cfg.write_text(f"""
-global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-scrape_configs:
+        with running_prometheus(tmp_path, PROMETHEUS_PORT, f"""\
   - job_name: dcgm
     static_configs: [{{targets: [{", ".join(f'"{a}"' for a in dcgm.values())}]}}]
   - job_name: agents
     authorization: {{type: Bearer, credentials_file: {stack.metrics_token_file}}}
     static_configs: [{{targets: [{agents}]}}]
-""")
-        with open(tmp_path / "prometheus.log", "wb") as log:
-            prom = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                     f"--web.listen-address=127.0.0.1:{PROMETHEUS_PORT}"], stdout=log,
-                                    stderr=subprocess.STDOUT)
-        try:
+"""):
             wait_until("Prometheus to scrape the exporters and the agents",
                        lambda: len(instant("up == 1")) == 2 * len(cluster.nodes), 60)
             wait_until("both jobs' GPUs in dcgm's series", lambda: {
@@ -110,10 +99,3 @@ scrape_configs:
             assert agent_view.errors == {}
             busy_jobs = [j for r in agent_view.reports.values() for j in r.jobs if j.job_id == busy]
             assert busy_jobs and all(85 <= (j.util_mean_percent or 0) <= 95 for j in busy_jobs)
-        finally:
-            prom.terminate()
-            try:
-                prom.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                prom.kill()
-                prom.wait()
