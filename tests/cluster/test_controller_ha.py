@@ -130,6 +130,8 @@ def test_only_the_holder_acts_and_the_standby_takes_over(agents: Agents, clean_c
                 assert lease.acquired_at < dead.expires_at, (lease.acquired_at, dead.expires_at)
                 assert f"took the controller lease from ctl-a (epoch {epoch_a}) before its TTL: its process " \
                        f"{a.proc.pid} on" in b.log_text()
+                # The lease is taken at the start of ctl-b's cycle; its cycle row is written when the cycle ends.
+                wait_until("ctl-b's first cycle row", lambda: any(c.holder == "ctl-b" for c in cycles(st)), 60, b)
                 first_b = min(c.started_at for c in cycles(st) if c.holder == "ctl-b")
                 print(f"\nHA pair: kill -9 -> standby's lease {(lease.acquired_at - killed).total_seconds():.2f}s, "
                       f"-> its first cycle {(first_b - killed).total_seconds():.2f}s (the old lease had "
