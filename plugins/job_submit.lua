@@ -61,6 +61,10 @@ M.OPTIONS = {
   { option = "--het-group", key = "het", field = "het_group", kind = "int", default = nil, lo = 0, hi = 127 },
   { option = "--no-grow", key = "grow", field = "grow", kind = "flag", default = true },
   { option = "--no-shrink", key = "shrink", field = "shrink", kind = "flag", default = true },
+  { option = "--serving", key = "serving", field = "serving", kind = "flag", default = false },
+  { option = "--slo-p99", key = "slo", field = "slo_p99_ms", kind = "millis", default = nil, lo = 1, hi = 600000 },
+  { option = "--target-rps-per-replica", key = "rps", field = "target_rps_per_replica", kind = "int",
+    default = nil, lo = 1, hi = 10000000 },
 }
 
 -- Signals a job may ask for, with their Linux numbers, in the order messages list them.
@@ -150,6 +154,9 @@ local function allowed_text(opt)
   if opt.kind == "int" or opt.kind == "percent" then return num(opt.lo) .. ".." .. num(opt.hi) end
   if opt.kind == "duration" then return format_duration(opt.lo) .. ".." .. format_duration(opt.hi) end
   if opt.kind == "signal" then return SIGNALS_TEXT end
+  if opt.kind == "millis" then
+    return num(opt.lo) .. "ms.." .. num(opt.hi) .. "ms as 50ms, 50 (milliseconds) or 2s"
+  end
   return nil
 end
 
@@ -226,6 +233,18 @@ local function parse_duration(opt, raw)
   return bounded(opt, raw, seconds)
 end
 
+-- A latency in whole milliseconds: 50ms, 50 or 2s.
+local function parse_millis(opt, raw)
+  local digits, scale = raw, 1
+  if sub(raw, -2) == "ms" then
+    digits = sub(raw, 1, -3)
+  elseif sub(raw, -1) == "s" then
+    digits, scale = sub(raw, 1, -2), 1000
+  end
+  if not is_digits(digits) then return nil, quote(raw) .. " is not a latency", allowed_text(opt) end
+  return bounded(opt, raw, digits_value(digits) * scale)
+end
+
 local function parse_signal(opt, raw)
   local name
   if is_digits(raw) then
@@ -254,6 +273,7 @@ local function parse_value(opt, raw)
   if opt.kind == "int" then return parse_int(opt, raw) end
   if opt.kind == "percent" then return parse_percent(opt, raw) end
   if opt.kind == "duration" then return parse_duration(opt, raw) end
+  if opt.kind == "millis" then return parse_millis(opt, raw) end
   return parse_signal(opt, raw)
 end
 
@@ -337,7 +357,7 @@ local function directive(st, lineno, line)
             add_error(st, lineno, opt.option, "takes no value", nil)
             ok = false
           else
-            value = false
+            value = not opt.default
           end
         else
           local raw = inline
@@ -501,6 +521,20 @@ local function check_rules(settings)
     end
     errors[#errors + 1] = { line = late.line, option = late_opt,
       message = "with " .. early_opt .. " (" .. where(early) .. ") the job could never be resized" }
+  end
+  local serving = settings.serving
+  local objectives = {}
+  for _, o in ipairs({ { "--slo-p99", "slo_p99_ms" }, { "--target-rps-per-replica", "target_rps_per_replica" } }) do
+    if settings[o[2]] then objectives[#objectives + 1] = { o[1], settings[o[2]] } end
+  end
+  if serving and #objectives == 0 then
+    errors[#errors + 1] = { line = serving.line, option = "--serving",
+      message = "needs an objective: --slo-p99 and/or --target-rps-per-replica" }
+  end
+  if not serving then
+    for _, o in ipairs(objectives) do
+      errors[#errors + 1] = { line = o[2].line, option = o[1], message = "is for serving jobs: add --serving" }
+    end
   end
   return errors
 end

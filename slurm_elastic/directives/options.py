@@ -30,7 +30,8 @@ class Kind(enum.Enum):
     PERCENT = "percent"  # decimal digits, an optional trailing '%'
     DURATION = "duration"  # see values.parse_duration
     SIGNAL = "signal"  # a name (USR1, SIGUSR1, usr1) or its Linux number
-    FLAG = "flag"  # no value
+    FLAG = "flag"  # no value: writing it sets the opposite of the default
+    MILLIS = "millis"  # a latency: 50ms, 50 (milliseconds) or 2s
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class OptionDef:
     field: str  # ElasticSpec attribute: "min_nodes"
     kind: Kind
     default: int | str | bool | None  # None: no built-in default (see doc)
-    lo: int | None  # inclusive bounds for INT, PERCENT (percent) and DURATION (seconds)
+    lo: int | None  # inclusive bounds for INT, PERCENT (percent), DURATION (seconds) and MILLIS (ms)
     hi: int | None
     doc: str
 
@@ -93,6 +94,13 @@ OPTIONS: tuple[OptionDef, ...] = (
               "never grow the job"),
     OptionDef("--no-shrink", "shrink", "shrink", Kind.FLAG, True, None, None,
               "never shrink the job"),
+    OptionDef("--serving", "serving", "serving", Kind.FLAG, False, None, None,
+              "the job serves requests: one replica per node, scaled on its load and latency "
+              "(docs/serving.md); needs --slo-p99 and/or --target-rps-per-replica"),
+    OptionDef("--slo-p99", "slo", "slo_p99_ms", Kind.MILLIS, None, 1, 600000,
+              "serving objective: 99th percentile request latency the job must stay under; needs --serving"),
+    OptionDef("--target-rps-per-replica", "rps", "target_rps_per_replica", Kind.INT, None, 1, 10000000,
+              "serving objective: requests per second one replica should carry; needs --serving"),
 )
 
 BY_OPTION: Mapping[str, OptionDef] = {o.option: o for o in OPTIONS}

@@ -238,7 +238,7 @@ def _directive(lineno: int, line: bytes, st: _State) -> None:
             if eq:
                 st.error(lineno, opt.option, "takes no value", None)
                 continue
-            value = False
+            value = not opt.default
         else:
             raw: bytes | None = inline if eq else None
             if not eq and i < len(words) and not words[i].startswith((b"--", b"#")):

@@ -6,12 +6,13 @@ The normalized form is what plugins/job_submit.lua stores on the job (inside ``[
     normalized = "elastic:v1" *( " " key "=" value )
 
 - keys appear in this order, each at most once: het min max step up down window cooldown grace signal grow
-  shrink;
+  shrink serving slo rps;
 - only options the user wrote are present (defaults are left out, so that a site's policy defaults apply to
   them and ``explain`` can tell a directive from a default); ``het`` is present only for a component of a
   heterogeneous job;
 - numbers are decimal without sign or leading zeros; durations are whole seconds; the signal is its name
-  without ``SIG`` (``USR1``); ``grow`` and ``shrink`` only ever appear as ``grow=0`` / ``shrink=0``.
+  without ``SIG`` (``USR1``); ``grow`` and ``shrink`` only ever appear as ``grow=0`` / ``shrink=0``,
+  ``serving`` only as ``serving=1``; ``slo`` is whole milliseconds.
 
 Example: ``#ELASTIC --min-nodes 1 --max-nodes=3 --window 1h30m --signal SIGusr2`` normalizes to
 ``elastic:v1 min=1 max=3 window=5400 signal=USR2``.
@@ -112,6 +113,9 @@ class ElasticSpec:
     signal: str = "USR1"
     grow: bool = True
     shrink: bool = True
+    serving: bool = False
+    slo_p99_ms: int | None = None
+    target_rps_per_replica: int | None = None
     explicit: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -182,13 +186,13 @@ def _spec_problems(spec: ElasticSpec) -> list[str]:
         if opt.kind is Kind.FLAG:
             if not isinstance(value, bool):
                 problems.append(f"{opt.field} must be a bool")
-            elif opt.field in spec.explicit and value:
-                problems.append(f"{opt.field} can only be switched off by a directive ({opt.option})")
+            elif opt.field in spec.explicit and value == opt.default:
+                problems.append(f"{opt.field} can only be set to {not opt.default} by a directive ({opt.option})")
         elif opt.kind is Kind.SIGNAL:
             if value not in SIGNALS:
                 problems.append(f"{opt.field} {value!r} is not one of {', '.join(SIGNALS)}")
         elif value is None and opt.default is None and opt.field not in spec.explicit:
-            pass  # max_nodes: "the submitted node count"
+            pass  # max_nodes: "the submitted node count"; serving objectives: none
         elif isinstance(value, bool) or not isinstance(value, int):
             problems.append(f"{opt.field} must be an int, not {value!r}")
         elif opt.lo is not None and opt.hi is not None and not opt.lo <= value <= opt.hi:
@@ -203,6 +207,11 @@ def _spec_problems(spec: ElasticSpec) -> list[str]:
         )
     if not spec.grow and not spec.shrink:
         problems.append("grow and shrink are both off: the job could never be resized")
+    has_objective = spec.slo_p99_ms is not None or spec.target_rps_per_replica is not None
+    if spec.serving and not has_objective:
+        problems.append("serving needs an objective: slo_p99_ms and/or target_rps_per_replica")
+    if has_objective and not spec.serving:
+        problems.append("slo_p99_ms and target_rps_per_replica are for serving jobs only")
     return problems
 
 
@@ -229,7 +238,8 @@ def _where(s: Setting | None) -> str:
 
 
 def check_rules(settings: Mapping[str, Setting]) -> list[DirectiveError]:
-    """Errors for rules between options (min <= max, down < up, not both --no-grow and --no-shrink).
+    """Errors for rules between options (min <= max, down < up, not both --no-grow and --no-shrink, serving
+    with an objective and objectives only with serving).
 
     Each is reported at the option that was set later (by line, then position on the line): that is the one
     the user most likely has to change. Unset options count with their built-in defaults.
@@ -274,6 +284,17 @@ def check_rules(settings: Mapping[str, Setting]) -> list[DirectiveError]:
         errors.append(DirectiveError(
             later.line, later_opt,
             f"with {earlier_opt} ({_where(earlier)}) the job could never be resized", None))
+
+    serving = settings.get("serving")
+    objectives = [(o, settings[f]) for o, f in (("--slo-p99", "slo_p99_ms"),
+                                                  ("--target-rps-per-replica", "target_rps_per_replica"))
+                  if f in settings]
+    if serving is not None and not objectives:
+        errors.append(DirectiveError(
+            serving.line, "--serving", "needs an objective: --slo-p99 and/or --target-rps-per-replica", None))
+    if serving is None:
+        for option, s in objectives:
+            errors.append(DirectiveError(s.line, option, "is for serving jobs: add --serving", None))
     return errors
 
 
@@ -308,9 +329,10 @@ def from_normalized(text: str) -> ElasticSpec:
         opt, raw = BY_KEY[m.group(1)], m.group(2)
         value: Value
         if opt.kind is Kind.FLAG:
-            if raw != "0":
-                raise SpecFormatError(f"{opt.key}= can only be 0 in elastic spec {text[:80]!r}")
-            value = False
+            if raw != _render(not opt.default):
+                raise SpecFormatError(
+                    f"{opt.key}= can only be {_render(not opt.default)} in elastic spec {text[:80]!r}")
+            value = not opt.default
         elif opt.kind is Kind.SIGNAL:
             if raw not in SIGNALS:
                 raise SpecFormatError(f"unknown signal {raw!r} in elastic spec {text[:80]!r}")

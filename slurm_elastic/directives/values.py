@@ -76,6 +76,8 @@ def allowed_text(opt: OptionDef) -> str | None:
         return f"{format_duration(opt.lo)}..{format_duration(opt.hi)}"
     if opt.kind is Kind.SIGNAL:
         return SIGNALS_TEXT
+    if opt.kind is Kind.MILLIS:
+        return f"{opt.lo}ms..{opt.hi}ms as 50ms, 50 (milliseconds) or 2s"
     return None
 
 
@@ -147,6 +149,19 @@ def parse_duration(opt: OptionDef, raw: bytes) -> int:
     return _bounded(opt, raw, seconds)
 
 
+def parse_millis(opt: OptionDef, raw: bytes) -> int:
+    """A latency in whole milliseconds: ``50ms``, ``50`` or ``2s``."""
+    digits, scale = raw, 1
+    if raw.endswith(b"ms"):
+        digits = raw[:-2]
+    elif raw.endswith(b"s"):
+        digits, scale = raw[:-1], 1000
+    if _number(digits) is None:
+        raise InvalidValue(f"{quote(raw)} is not a latency", allowed_text(opt))
+    value = int(digits) * scale if len(digits.lstrip(b"0")) <= _MAX_DIGITS else None
+    return _bounded(opt, raw, value)
+
+
 def parse_signal(opt: OptionDef, raw: bytes) -> str:
     number = _number(raw)
     name: str | None = None
@@ -177,4 +192,6 @@ def parse_value(opt: OptionDef, raw: bytes) -> int | str:
         return parse_duration(opt, raw)
     if opt.kind is Kind.SIGNAL:
         return parse_signal(opt, raw)
+    if opt.kind is Kind.MILLIS:
+        return parse_millis(opt, raw)
     raise AssertionError(f"{opt.option} takes no value")
