@@ -144,6 +144,16 @@ exec unshare --user --map-current-user --root="$ROOTFS" --wd="\$PWD" /usr/bin/$c
 EOW
     chmod 755 "$ROOT/bin/$c"
   done
+  # The daemons too (root only), so docker-slurm/slurm-daemon.sh (the MIG workflow's restart commands) starts
+  # this release's slurmd and slurmctld, chrooted like start_slurm does, when env.sh is sourced.
+  for c in slurmd slurmctld; do
+    cat > "$ROOT/bin/$c" <<EOW
+#!/bin/sh
+# Slurm $RELEASE's $c, started inside its root filesystem (docker-slurm/release-cluster.sh).
+exec chroot "$ROOTFS" env SLURM_CONF="$ROOT/etc/slurm.conf" /usr/sbin/$c "\$@"
+EOW
+    chmod 755 "$ROOT/bin/$c"
+  done
 }
 
 make_dirs() {

@@ -1,5 +1,6 @@
-"""``mig apply`` on the live cluster: node n4's virtual GPUs in MIG mode, the real Slurm 22.05 daemons restarted
-as the workflow does it, and the CLI killed mid-way then resumed or rolled back.
+"""``mig apply`` on the live cluster: node n4's virtual GPUs in MIG mode, the real Slurm daemons restarted as the
+workflow does it (restart mode; on 22.05, and on 24.11 and 26.05 in the release subset, scripts/test-releases),
+and the CLI killed mid-way then resumed or rolled back.
 
 n4 is put back exactly as it was afterwards (slurm.conf, gres.conf, its virtual GPU state, Slurm's Gres=gpu:4,
 mps:400, its slurmd and its state), even when a test fails. Run these under the shared lock:
