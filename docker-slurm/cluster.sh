@@ -7,6 +7,8 @@
 #   docker-slurm/cluster.sh env      # prints `export SLURM_CONF=...` lines for your shell
 #   docker-slurm/cluster.sh start 24.11   # the same for Slurm 24.11 or 26.05, next to this one
 #                                         # (docker-slurm/release-cluster.sh; 22.05 is the default)
+#   docker-slurm/cluster.sh start netns   # 22.05 with each node in its own network namespace, next to this one
+#                                         # (docker-slurm/netns-cluster.sh: link cuts, port blocks, loss)
 #
 # Parts: munged, MariaDB, slurmdbd, slurmctld and NODES x `slurmd -N nX` (one port each,
 # SlurmdParameters=config_overrides). GPUs are character device nodes this script makes (mknod c 240 N), so
@@ -426,6 +428,7 @@ cmd_status() {
 case "${2:-22.05}" in
   22.05) ;;
   24.11|26.05) exec "$HERE/release-cluster.sh" "$2" "$1" ;;
+  netns) exec "$HERE/netns-cluster.sh" "$1" ;;  # nodes in their own network namespaces (22.05)
   *) echo "usage: $0 start|stop|restart|status|env [22.05|24.11|26.05]" >&2; exit 2 ;;
 esac
 
