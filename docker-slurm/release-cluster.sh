@@ -173,13 +173,22 @@ make_dirs() {
 write_config() {
   local etc=$ROOT/etc
   # The 22.05 cluster's configuration with this cluster's name, ports and paths, then what changed since.
+  # Only the always-on nodes: the 22.05 cluster's power-saved CLOUD nodes (their record, their partition and the
+  # Suspend*/Resume* settings) are left out, and every node record's port range moves to this cluster's range.
+  awk -v shift=$((NODE_PORT_BASE - 17000)) '
+    /^NodeName=/ && /State=CLOUD/ { split($1, kv, "="); cloud[kv[2]] = 1; next }
+    /^PartitionName=/ { for (i = 2; i <= NF; i++) if ($i ~ /^Nodes=/ && (substr($i, 7) in cloud)) next }
+    /^(Suspend|Resume)[A-Za-z]*=/ || /^PrivateData=cloud$/ || /^DebugFlags=Power$/ { next }
+    /^NodeName=/ && match($0, /Port=\[[0-9]+-[0-9]+\]/) {
+      split(substr($0, RSTART + 6, RLENGTH - 7), p, "-")
+      $0 = substr($0, 1, RSTART - 1) "Port=[" p[1] + shift "-" p[2] + shift "]" substr($0, RSTART + RLENGTH)
+    }
+    { print }' "$SOURCE_ROOT/etc/slurm.conf" |
   sed -e "s|^ClusterName=.*|ClusterName=$CLUSTER_NAME|" \
       -e "s|^SlurmctldHost=.*|SlurmctldHost=$HOST(127.0.0.1)|" \
       -e "s|^SlurmctldPort=.*|SlurmctldPort=$CTLD_PORT|" -e "s|^SlurmdPort=.*|SlurmdPort=$NODE_PORT_BASE|" \
       -e "s|^AccountingStoragePort=.*|AccountingStoragePort=$DBD_PORT|" \
-      -e "s|/var/tmp/slurm-elastic-cluster/|$ROOT/|g" \
-      -e "s|Port=\[[0-9]*-[0-9]*\]|Port=[$((NODE_PORT_BASE + 1))-$((NODE_PORT_BASE + NODES))]|" \
-      "$SOURCE_ROOT/etc/slurm.conf" > "$etc/slurm.conf"
+      -e "s|/var/tmp/slurm-elastic-cluster/|$ROOT/|g" > "$etc/slurm.conf"
   sed -e "s|/var/tmp/slurm-elastic-cluster/|$ROOT/|g" "$SOURCE_ROOT/etc/gres.conf" > "$etc/gres.conf"
   printf '%s\n' "$CGROUP_CONF" > "$etc/cgroup.conf"
   if [ "$CGROUP_CONF" = "CgroupPlugin=disabled" ]; then
