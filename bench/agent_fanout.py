@@ -97,7 +97,7 @@ async def _serve(shard: int, indices: list[int], key: bytes, ports: mp.Queue[tup
     try:
         for index in indices:
             sampler = _StubSampler(node_report(index, now))
-            app = AgentApp(sampler, RequestVerifier(key), key).build()  # type: ignore[arg-type]
+            app = AgentApp(sampler, RequestVerifier(key)).build()  # type: ignore[arg-type]
             body = sampler.latest()[1] or b""
 
             async def raw(_: web.Request, body: bytes = body) -> web.Response:

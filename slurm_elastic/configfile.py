@@ -187,10 +187,21 @@ def _urls(value: dict[str, Any]) -> str | None:
     return f"each must be an http(s) URL (not: {', '.join(bad)})" if bad else None
 
 
+def _auth_kind(value: str) -> str | None:
+    return None if value in ("hmac", "munge") else "must be 'hmac' or 'munge'"
+
+
 #: ``[agents]``: how the controller and the MIG workflow reach the node agents.
 AGENT_KEYS: dict[str, Key] = {
-    "key_file": Key(str, "/etc/slurm-elastic/agent.key", "shared key of the agents (mode 0600); the controller "
-                    "refuses to start without one"),
+    "auth": Key(str, "hmac", "how requests to the agents are authenticated: 'hmac' (key_file) or 'munge' (the "
+                "site's MUNGE key); the agents' auth must say the same", check=_auth_kind),
+    "key_file": Key(str, "/etc/slurm-elastic/agent.key", "auth = \"hmac\": shared key of the agents (mode 0600); "
+                    "the controller refuses to start without one"),
+    "munge_socket": Key(str, "/run/munge/munge.socket.2", "auth = \"munge\": munged's socket on this host"),
+    "munge_agent_user": Key(str, "root", "auth = \"munge\": the user (name or uid) the agents run as; answers "
+                            "whose credential carries another uid are refused"),
+    "munge_ttl_s": Key(int, 60, "auth = \"munge\": TTL of the credentials sent to the agents (at most the "
+                       "agents' munge_max_ttl_s)", 1, 3600),
     "url_template": Key(str, "http://{address}:9817", "agent URL; {node} is the Slurm node name, {address} its "
                         "NodeAddr (Slurm's default NodeAddr is the node name)", check=_url_template),
     "timeout_s": Key((int, float), None, "timeout of one agent read (default: 5 in the controller, 10 in the "

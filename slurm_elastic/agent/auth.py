@@ -32,7 +32,7 @@ import secrets
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from slurm_elastic.agent.errors import AuthError, KeyFileError
 
@@ -48,6 +48,8 @@ METRICS_ANONYMOUS = ("reduced", "none", "all")
 #: Labels that tie a series to a job or a person; only the full view carries them.
 PER_JOB_LABELS = frozenset({"job", "jobid", "user", "account"})
 DEFAULT_MAX_SKEW_S = 30.0
+#: How the controller and the agents authenticate each other: this module's shared key, or MUNGE (munge_auth.py).
+AUTH_KINDS = ("hmac", "munge")
 _NONCE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
@@ -130,8 +132,34 @@ def verify_response(key: bytes, nonce: str, body: bytes, signature: str | None) 
     return signature is not None and hmac.compare_digest(sign_response(key, nonce, body), signature)
 
 
+class Verifier(Protocol):
+    """The agent's side of a scheme: ``verify`` returns the id the answer is signed with. ``blocking``: the
+    calls wait on something outside (munged) and belong in a worker thread."""
+
+    scheme: str
+    blocking: bool
+
+    def verify(self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes, now: float) -> str: ...
+
+    def sign_response(self, request_id: str, body: bytes) -> str: ...
+
+
+class ClientAuth(Protocol):
+    """The controller's side of a scheme (see :class:`Verifier`)."""
+
+    scheme: str
+    blocking: bool
+
+    def sign(self, method: str, path_qs: str, body: bytes, now: float) -> tuple[dict[str, str], str]: ...
+
+    def check_response(self, request_id: str, body: bytes, signature: str | None) -> bool: ...
+
+
 class RequestVerifier:
     """Checks signed requests and remembers accepted nonces for the replay window. ``now`` is passed in."""
+
+    scheme = SCHEME
+    blocking = False
 
     def __init__(self, key: bytes, max_skew_s: float = DEFAULT_MAX_SKEW_S, max_nonces: int = 100_000) -> None:
         self._key = key
@@ -171,6 +199,27 @@ class RequestVerifier:
             return
         self._nonces = {n: t for n, t in self._nonces.items() if t >= now}
         self._next_prune = now + 1.0
+
+    def sign_response(self, nonce: str, body: bytes) -> str:
+        return sign_response(self._key, nonce, body)
+
+
+class HmacClientAuth:
+    """The controller's side of ``SE-HMAC-SHA256``: signs requests, checks the answers' signatures."""
+
+    scheme = SCHEME
+    blocking = False  # pure computation: no need for a worker thread
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def sign(self, method: str, path_qs: str, body: bytes, now: float) -> tuple[dict[str, str], str]:
+        """The request's headers and the id its answer is signed with (the nonce)."""
+        headers = sign_request(self._key, method, path_qs, body, now=now)
+        return headers, headers[HEADER_NONCE]
+
+    def check_response(self, request_id: str, body: bytes, signature: str | None) -> bool:
+        return verify_response(self._key, request_id, body, signature)
 
 
 MetricsView = Literal["full", "reduced"]

@@ -14,12 +14,13 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import TracebackType
 
 import aiohttp
 from yarl import URL
 
-from slurm_elastic.agent.auth import HEADER_NONCE, HEADER_SIGNATURE, sign_request, verify_response
+from slurm_elastic.agent.auth import HEADER_SIGNATURE, ClientAuth, HmacClientAuth, load_key
 from slurm_elastic.agent.errors import (
     AgentAuthError,
     AgentClientError,
@@ -30,7 +31,10 @@ from slurm_elastic.agent.errors import (
     AgentUnreachableError,
     PayloadError,
 )
+from slurm_elastic.agent.munge import Munge, MungeError
+from slurm_elastic.agent.munge_auth import MungeClientAuth, resolve_uid
 from slurm_elastic.agent.payload import NODE_PATH, NodeReport, parse_payload_bytes
+from slurm_elastic.errors import ConfigError
 from slurm_elastic.mig import wire
 from slurm_elastic.mig.model import NodeLayout
 from slurm_elastic.mig.wire import ApplyAnswer, NodeMigReport
@@ -39,9 +43,10 @@ MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 
 
 class AgentClient:
-    def __init__(self, key: bytes, *, timeout_s: float = 5.0, concurrency: int = 64,
+    def __init__(self, auth: bytes | ClientAuth, *, timeout_s: float = 5.0, concurrency: int = 64,
                  session: aiohttp.ClientSession | None = None, clock: Callable[[], float] = time.time) -> None:
-        self._key = key
+        """``auth``: the shared key (``SE-HMAC-SHA256``) or a scheme's client side (``MungeClientAuth``)."""
+        self._auth: ClientAuth = HmacClientAuth(auth) if isinstance(auth, bytes) else auth
         self.timeout_s = timeout_s
         self._semaphore = asyncio.Semaphore(concurrency)
         self._session = session
@@ -71,7 +76,14 @@ class AgentClient:
         is raised as :class:`AgentRequestError` carrying its ``error`` code and message."""
         url = base_url.rstrip("/") + path
         # Sign the path the agent will see, prefix included (an agent behind a path-routing proxy).
-        headers = sign_request(self._key, method, URL(url).raw_path_qs, body, now=self._clock())
+        sign_args = (method, URL(url).raw_path_qs, body, self._clock())
+        try:
+            if self._auth.blocking:
+                headers, request_id = await asyncio.to_thread(self._auth.sign, *sign_args)
+            else:
+                headers, request_id = self._auth.sign(*sign_args)
+        except MungeError as exc:
+            raise AgentAuthError(base_url, f"cannot make our credentials: {exc}") from None
         if body:
             headers["Content-Type"] = "application/json"
         limit = timeout_s or self.timeout_s
@@ -84,14 +96,15 @@ class AgentClient:
                     raise AgentPayloadError(base_url, f"answer larger than {MAX_RESPONSE_BYTES} bytes")
                 if resp.status == 401:
                     raise AgentAuthError(base_url, f"refused our credentials: {answer[:200].decode(errors='replace')}")
-                signed = verify_response(self._key, headers[HEADER_NONCE], answer,
-                                         resp.headers.get(HEADER_SIGNATURE))
+                check_args = (request_id, answer, resp.headers.get(HEADER_SIGNATURE))
+                signed = (await asyncio.to_thread(self._auth.check_response, *check_args) if self._auth.blocking
+                          else self._auth.check_response(*check_args))
                 if resp.status != 200 and answer_errors and signed:
                     raise _request_error(base_url, resp.status, answer)
                 if resp.status != 200:
                     raise AgentHttpError(base_url, resp.status, answer[:200].decode(errors="replace"))
                 if not signed:
-                    raise AgentAuthError(base_url, "answer is not signed with the shared key")
+                    raise AgentAuthError(base_url, f"answer is not signed ({self._auth.scheme})")
                 return answer
         except AgentClientError:
             raise
@@ -143,6 +156,25 @@ class AgentClient:
         names = list(agents)
         results = await asyncio.gather(*(self._fetch_safe(agents[n]) for n in names))
         return dict(zip(names, results, strict=True))
+
+
+def client_auth(kind: str, *, key_file: Path | None, munge_socket: str, munge_agent_user: str,
+                munge_ttl_s: int, source: str) -> ClientAuth:
+    """The controller's credentials for ``[agents] auth``: the key file's key, or MUNGE (checked at start-up by
+    making one credential, so a munged that does not answer stops the controller here, not each cycle)."""
+    if kind == "munge":
+        try:
+            munge = Munge(munge_socket)
+            munge.encode(b"slurm-elastic controller start-up", 1)
+        except MungeError as exc:
+            raise ConfigError(f"{source}: agents.auth = \"munge\": {exc}") from None
+        return MungeClientAuth(munge, resolve_uid(munge_agent_user, f"{source}: agents.munge_agent_user"),
+                               ttl_s=munge_ttl_s)
+    if kind != "hmac":
+        raise ConfigError(f"{source}: agents.auth must be 'hmac' or 'munge', got {kind!r}")
+    if key_file is None:
+        raise ConfigError(f"{source}: agents.key_file is required (the agents refuse unsigned requests)")
+    return HmacClientAuth(load_key(key_file))
 
 
 def _request_error(url: str, status: int, body: bytes) -> AgentRequestError:

@@ -7,7 +7,9 @@ The file must say ``version = 1``; an unknown key, a wrong type or an out-of-ran
     node = "gpu017"
     port = 9817
     interval_s = 5.0
-    key_file = "/etc/slurm-elastic/agent.key"
+    key_file = "/etc/slurm-elastic/agent.key"   # auth = "hmac" (the default)
+    # auth = "munge"                       # or the site's MUNGE key instead of key_file:
+    # munge_controller_user = "slurm-elastic"
     metrics_listen = "0.0.0.0"            # /metrics for a Prometheus on another host (default 127.0.0.1)
     metrics_token_file = "/etc/slurm-elastic/metrics.token"
 """
@@ -20,7 +22,7 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.agent.auth import METRICS_ANONYMOUS
+from slurm_elastic.agent.auth import AUTH_KINDS, METRICS_ANONYMOUS
 from slurm_elastic.configfile import KeyLines, suggest
 from slurm_elastic.errors import ConfigError
 
@@ -48,6 +50,10 @@ class AgentConfig:
     metrics_token_file: Path | None = None
     metrics_anonymous: str = "reduced"
     max_clock_skew_s: float = 30.0
+    auth: str = "hmac"
+    munge_socket: Path = Path("/run/munge/munge.socket.2")
+    munge_controller_user: str = "slurm-elastic"
+    munge_max_ttl_s: int = 300
     mig_apply: bool = True
     mig_minors_file: Path = Path("/proc/driver/nvidia-caps/mig-minors")
     mps_dir: Path = Path("/run/slurm-elastic/mps")
@@ -73,7 +79,7 @@ KEYS: dict[str, KeySpec] = {
                     lambda v: None if 1 <= v <= 65535 else "must be within 1..65535"),
     "interval_s": KeySpec(float, "seconds between samples", lambda v: None if v >= 0.05 else "must be >= 0.05"),
     "window_s": KeySpec(float, "seconds of samples behind each job's mean/max utilization", _positive),
-    "key_file": KeySpec(Path, "shared key for request signing; mode 0600, checked at start-up"),
+    "key_file": KeySpec(Path, "auth = \"hmac\": shared key for request signing; mode 0600, checked at start-up"),
     "gpu_map_dir": KeySpec(Path, "directory of the prolog's per-GPU map files (<dir>/<node>/<gpu index>)"),
     "proc_root": KeySpec(Path, "procfs mount to read processes from"),
     "nvml_timeout_s": KeySpec(float, "longest wait for one NVML sample before it is reported as timed out", _positive),
@@ -91,6 +97,15 @@ KEYS: dict[str, KeySpec] = {
                                  lambda v: None if v in METRICS_ANONYMOUS else "must be 'reduced', 'none' or 'all'"),
     "max_clock_skew_s": KeySpec(float, "largest accepted difference between a request's timestamp and our clock",
                                 _positive),
+    "auth": KeySpec(str, "how the controller's requests are authenticated: 'hmac' (key_file, shared with the "
+                         "controller) or 'munge' (the site's MUNGE key; see docs/agent.md)",
+                    lambda v: None if v in AUTH_KINDS else "must be 'hmac' or 'munge'"),
+    "munge_socket": KeySpec(Path, "munged's socket (auth = \"munge\")"),
+    "munge_controller_user": KeySpec(str, "auth = \"munge\": the user (name or uid) the controller runs as; "
+                                          "credentials of any other uid are refused",
+                                     lambda v: None if v.strip() else "must not be empty"),
+    "munge_max_ttl_s": KeySpec(int, "auth = \"munge\": longest credential TTL accepted",
+                               lambda v: None if 1 <= v <= 3600 else "must be within 1..3600"),
     "mig_apply": KeySpec(bool, "serve POST /v1/mig/apply (signed): let the controller repartition MIG GPUs"),
     "mig_minors_file": KeySpec(Path, "the driver's MIG capability minors, reported for gres.conf"),
     "mps_dir": KeySpec(Path, "the prolog's MPS directories (<dir>/<node>/gpu<i>/{pipe,log,jobs}); same as "

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from slurm_elastic.agent.auth import HEADER_SIGNATURE, SCHEME, MetricsAccess, RequestVerifier, sign_response
+from slurm_elastic.agent.auth import HEADER_SIGNATURE, MetricsAccess, Verifier
 from slurm_elastic.agent.errors import AuthError
 from slurm_elastic.agent.metrics import CONTENT_TYPE, ReportCollector, make_registry, render
 from slurm_elastic.agent.mig_service import MigService
@@ -39,13 +39,11 @@ def _json(status: int, obj: object, headers: dict[str, str] | None = None) -> we
 
 
 class AgentApp:
-    def __init__(self, sampler: Sampler, verifier: RequestVerifier, key: bytes, *,
-                 metrics_access: MetricsAccess | None = None, clock: Callable[[], float] = time.time,
-                 mig: MigService | None = None) -> None:
+    def __init__(self, sampler: Sampler, verifier: Verifier, *, metrics_access: MetricsAccess | None = None,
+                 clock: Callable[[], float] = time.time, mig: MigService | None = None) -> None:
         self.sampler = sampler
         self.mig = mig
         self.verifier = verifier
-        self._key = key
         self.metrics_access = metrics_access or MetricsAccess()
         self._clock = clock
         self.registries = {
@@ -71,12 +69,20 @@ class AgentApp:
 
     async def _authenticate(self, request: web.Request) -> str | web.Response:
         body = await request.read()
+        args = (request.method, request.raw_path, request.headers, body, self._clock())
         try:
-            return self.verifier.verify(request.method, request.raw_path, request.headers, body, self._clock())
+            if self.verifier.blocking:
+                return await asyncio.to_thread(self.verifier.verify, *args)
+            return self.verifier.verify(*args)
         except AuthError as exc:
             log.info("401 for %s %s from %s: %s", request.method, request.raw_path, request.remote, exc.reason)
             return _json(401, {"error": "unauthorized", "reason": exc.reason},
-                         {"WWW-Authenticate": f'{SCHEME} error="{exc.reason}"'})
+                         {"WWW-Authenticate": f'{self.verifier.scheme} error="{exc.reason}"'})
+
+    async def _signature(self, request_id: str, body: bytes) -> dict[str, str]:
+        if self.verifier.blocking:
+            return {HEADER_SIGNATURE: await asyncio.to_thread(self.verifier.sign_response, request_id, body)}
+        return {HEADER_SIGNATURE: self.verifier.sign_response(request_id, body)}
 
     async def handle_node(self, request: web.Request) -> web.Response:
         nonce = await self._authenticate(request)
@@ -85,26 +91,25 @@ class AgentApp:
         _, body = self.sampler.latest()
         if body is None:
             return _json(503, {"error": "no_sample_yet"})
-        return web.Response(body=body, content_type="application/json",
-                            headers={HEADER_SIGNATURE: sign_response(self._key, nonce, body)})
+        return web.Response(body=body, content_type="application/json", headers=await self._signature(nonce, body))
 
-    def _signed(self, status: int, obj: object, nonce: str) -> web.Response:
+    async def _signed(self, status: int, obj: object, nonce: str) -> web.Response:
         body = wire.dumps(obj)
         return web.Response(status=status, body=body, content_type="application/json",
-                            headers={HEADER_SIGNATURE: sign_response(self._key, nonce, body)})
+                            headers=await self._signature(nonce, body))
 
     async def handle_mig(self, request: web.Request) -> web.Response:
         nonce = await self._authenticate(request)
         if isinstance(nonce, web.Response):
             return nonce
         if self.mig is None:
-            return self._signed(404, {"error": "mig_unavailable", "message": "this agent serves no MIG endpoints"},
-                                nonce)
+            return await self._signed(
+                404, {"error": "mig_unavailable", "message": "this agent serves no MIG endpoints"}, nonce)
         try:
             report = await asyncio.to_thread(self.mig.report)
         except SlurmElasticError as exc:
-            return self._signed(500, {"error": "mig_read_failed", "message": str(exc)}, nonce)
-        return self._signed(200, wire.report_to_obj(report), nonce)
+            return await self._signed(500, {"error": "mig_read_failed", "message": str(exc)}, nonce)
+        return await self._signed(200, wire.report_to_obj(report), nonce)
 
     async def handle_mig_apply(self, request: web.Request) -> web.Response:
         """Apply a layout: only what is missing is done, so a repeated request changes nothing (idempotent)."""
@@ -112,27 +117,26 @@ class AgentApp:
         if isinstance(nonce, web.Response):
             return nonce
         if self.mig is None or not self.mig.allow_apply:
-            return self._signed(403, {"error": "mig_apply_disabled", "message": "mig_apply is off on this agent"},
-                                nonce)
+            return await self._signed(
+                403, {"error": "mig_apply_disabled", "message": "mig_apply is off on this agent"}, nonce)
         try:
             layout = wire.apply_request_from_obj(wire.loads(await request.read()))
         except wire.MigWireError as exc:
-            return self._signed(400, {"error": "bad_request", "message": str(exc)}, nonce)
+            return await self._signed(400, {"error": "bad_request", "message": str(exc)}, nonce)
         log.info("MIG apply requested from %s: %s", request.remote, wire.node_layout_to_obj(layout))
         try:
             answer = await asyncio.to_thread(self.mig.apply, layout)
         except LayoutError as exc:
-            return self._signed(400, {"error": "invalid_layout", "message": str(exc),
-                                      "problems": [{"code": p.code.value, "message": p.message} for p in exc.problems]},
-                                nonce)
+            return await self._signed(400, {"error": "invalid_layout", "message": str(exc), "problems": [
+                {"code": p.code.value, "message": p.message} for p in exc.problems]}, nonce)
         except MigApplyError as exc:
             log.error("MIG apply failed: %s", exc)
-            return self._signed(409, {"error": "apply_failed", "message": str(exc), "changes": list(exc.changes)},
-                                nonce)
+            return await self._signed(
+                409, {"error": "apply_failed", "message": str(exc), "changes": list(exc.changes)}, nonce)
         except SlurmElasticError as exc:
             log.error("MIG apply failed: %s", exc)
-            return self._signed(500, {"error": "apply_failed", "message": str(exc), "changes": []}, nonce)
-        return self._signed(200, wire.answer_to_obj(answer), nonce)
+            return await self._signed(500, {"error": "apply_failed", "message": str(exc), "changes": []}, nonce)
+        return await self._signed(200, wire.answer_to_obj(answer), nonce)
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         try:

@@ -14,11 +14,21 @@ from typing import Any
 
 import click
 
-from slurm_elastic.agent.auth import MetricsAccess, RequestVerifier, generate_key_file, load_key, load_token
+from slurm_elastic.agent.auth import (
+    AUTH_KINDS,
+    MetricsAccess,
+    RequestVerifier,
+    Verifier,
+    generate_key_file,
+    load_key,
+    load_token,
+)
 from slurm_elastic.agent.config import AgentConfig, describe, load_config
 from slurm_elastic.agent.errors import NvmlUnavailableError
 from slurm_elastic.agent.mig_service import MigService, NvmlDevices, nvml_mig_service
 from slurm_elastic.agent.mps import MpsReader
+from slurm_elastic.agent.munge import Munge
+from slurm_elastic.agent.munge_auth import MungeRequestVerifier, resolve_uid
 from slurm_elastic.agent.payload import NodeReport, to_dict
 from slurm_elastic.agent.procfs import GpuMapReader, ProcJobResolver
 from slurm_elastic.agent.reader import NvmlGpuReader
@@ -26,6 +36,8 @@ from slurm_elastic.agent.sampler import Sampler
 from slurm_elastic.agent.server import AgentApp, serve
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.mig.catalog import load_catalog
+
+log = logging.getLogger("slurm_elastic.agent")
 
 
 def _fail(message: str) -> None:
@@ -88,6 +100,19 @@ def format_report(r: NodeReport) -> str:
     return "\n".join(lines)
 
 
+def build_verifier(config: AgentConfig) -> Verifier:
+    """The check of the controller's requests that ``auth`` names. With MUNGE, one credential is made at start-up
+    so that a munged that does not answer stops the agent here, not every request later."""
+    if config.auth == "munge":
+        munge = Munge(str(config.munge_socket))
+        munge.encode(b"slurm-elastic agent start-up", 1)
+        uid = resolve_uid(config.munge_controller_user, "munge_controller_user")
+        log.info("requests authenticated with MUNGE (%s); controller uid %d", config.munge_socket, uid)
+        return MungeRequestVerifier(munge, uid, max_ttl_s=config.munge_max_ttl_s,
+                                    max_skew_s=config.max_clock_skew_s)
+    return RequestVerifier(load_key(config.key_file), config.max_clock_skew_s)
+
+
 @click.command("agent", epilog="Configuration keys (TOML, 'version = 1'):\n\n" + describe().replace("\n", "\n\n"))
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
               help="TOML configuration file.")
@@ -109,6 +134,9 @@ def format_report(r: NodeReport) -> str:
 @click.option("--metrics-anonymous", type=click.Choice(["reduced", "none", "all"]),
               help="/metrics without a token: series without job/user/account labels, 401, or every series.")
 @click.option("--max-clock-skew", "max_clock_skew_s", type=float, help="Accepted request timestamp skew, seconds.")
+@click.option("--auth", type=click.Choice(list(AUTH_KINDS)), help="Request authentication: shared key or MUNGE.")
+@click.option("--munge-socket", type=click.Path(path_type=Path), help="munged's socket (--auth munge).")
+@click.option("--munge-controller-user", help="User (name or uid) the controller runs as (--auth munge).")
 @click.option("--mig-apply/--no-mig-apply", default=None, help="Serve POST /v1/mig/apply (signed).")
 @click.option("--mps-dir", type=click.Path(path_type=Path), help="The prolog's MPS directory (SLURM_ELASTIC_MPS_DIR).")
 @click.option("--mps-control", help="nvidia-cuda-mps-control to query MPS daemons with.")
@@ -134,7 +162,7 @@ def agent_cmd(config_path: Path | None, once: bool, as_json: bool, generate_key:
         raise click.UsageError("--json needs --once")
     try:
         config = load_config(config_path, flags, socket.gethostname().split(".")[0])
-        key = None if once else load_key(config.key_file)
+        verifier = None if once else build_verifier(config)
         token = None if once or config.metrics_token_file is None else load_token(config.metrics_token_file)
         sampler = build_sampler(config)
         sampler.start()
@@ -145,13 +173,12 @@ def agent_cmd(config_path: Path | None, once: bool, as_json: bool, generate_key:
         _fail(str(exc))
         return
     try:
-        if key is None:  # --once
+        if verifier is None:  # --once
             report = sampler.sample_once()
             click.echo(json.dumps(to_dict(report), indent=2) if as_json else format_report(report))
             return
         mig, mig_devices = _mig_service(config, sampler)
-        app = AgentApp(sampler, RequestVerifier(key, config.max_clock_skew_s), key,
-                       metrics_access=MetricsAccess(token, config.metrics_anonymous), mig=mig)
+        app = AgentApp(sampler, verifier, metrics_access=MetricsAccess(token, config.metrics_anonymous), mig=mig)
         metrics = (config.metrics_listen, config.metrics_port) if config.metrics_port else None
         try:
             asyncio.run(serve(app, config.listen, config.port, metrics=metrics))

@@ -31,7 +31,7 @@ from slurm_elastic.controller.mig_adapters import (
     StoreJournal,
     SystemClock,
     fault_hook,
-    load_agent_key,
+    load_agent_auth,
     node_address,
 )
 from slurm_elastic.errors import SlurmElasticError
@@ -72,7 +72,7 @@ def _environment(ctx: click.Context, cfg: MigConfig, quiet: bool = False, *, jou
     """The workflow and its ports. ``journal=False`` (plan, suggest): no state DB is opened; nothing is written."""
     store: SqlStore | None = None
     try:
-        key = load_agent_key(cfg.agents.key_file)
+        key = load_agent_auth(cfg.agents, str(cfg.source))
         if journal:
             store = SqlStore.open(cfg.db_url, table_prefix=cfg.table_prefix)
     except SlurmElasticError as exc:

@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from slurm_elastic.agent.auth import ClientAuth
 from slurm_elastic.agent.client import AgentClient
 from slurm_elastic.agent.errors import AgentClientError
 from slurm_elastic.agent.payload import JobReport, NodeReport
@@ -59,9 +60,10 @@ class MergedJobMetrics:
     nodes_missing: tuple[str, ...]
 
 
-async def collect(agents: Mapping[str, str], key: bytes, timeout_s: float = 5.0) -> CollectResult:
-    """Ask every agent (node -> base URL) at once; one agent's failure never fails the others."""
-    async with AgentClient(key, timeout_s=timeout_s) as client:
+async def collect(agents: Mapping[str, str], auth: bytes | ClientAuth, timeout_s: float = 5.0) -> CollectResult:
+    """Ask every agent (node -> base URL) at once; one agent's failure never fails the others. ``auth``: the
+    shared key or a scheme's client side (:func:`~slurm_elastic.agent.client.client_auth`)."""
+    async with AgentClient(auth, timeout_s=timeout_s) as client:
         results = await client.fetch_many(agents)
     reports: dict[str, NodeReport] = {}
     errors: dict[str, str] = {}
@@ -73,8 +75,8 @@ async def collect(agents: Mapping[str, str], key: bytes, timeout_s: float = 5.0)
     return CollectResult(reports=reports, errors=errors)
 
 
-def collect_sync(agents: Mapping[str, str], key: bytes, timeout_s: float = 5.0) -> CollectResult:
-    return asyncio.run(collect(agents, key, timeout_s))
+def collect_sync(agents: Mapping[str, str], auth: bytes | ClientAuth, timeout_s: float = 5.0) -> CollectResult:
+    return asyncio.run(collect(agents, auth, timeout_s))
 
 
 def merge_job(job_id: int, parts: Iterable[tuple[int, str]], reports: Mapping[str, NodeReport]) -> MergedJobMetrics:

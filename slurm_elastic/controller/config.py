@@ -24,6 +24,7 @@ is ever evaluated as code. Example::
     table_prefix = ""          # several stores in one shared database (tests, staging next to production)
 
     [agents]                   # same section in mig.toml (apply_timeout_s is the MIG workflow's)
+    auth = "hmac"              # or "munge": the site's MUNGE key (munge_socket, munge_agent_user, munge_ttl_s)
     key_file = "/etc/slurm-elastic/agent.key"
     url_template = "http://{address}:9817"   # {node} and {address} (the node's NodeAddr) are replaced
     timeout_s = 5.0
@@ -102,6 +103,10 @@ CONFIG_VERSION = 1
 @dataclass(frozen=True)
 class AgentsConfig:
     key_file: Path | None = None
+    auth: str = "hmac"
+    munge_socket: str = "/run/munge/munge.socket.2"
+    munge_agent_user: str = "root"
+    munge_ttl_s: int = 60
     url_template: str = "http://{address}:9817"
     timeout_s: float = 5.0
     urls: Mapping[str, str] = field(default_factory=dict)
@@ -334,6 +339,10 @@ def parse_controller_config(text: str, source: str = "<string>",
         hold_heartbeat_s=float(ctl.get("hold_heartbeat_s", ControllerConfig.hold_heartbeat_s)),
         agents=AgentsConfig(
             key_file=Path(key_file) if key_file else None,
+            auth=str(agents.get("auth", AgentsConfig.auth)),
+            munge_socket=str(agents.get("munge_socket", AgentsConfig.munge_socket)),
+            munge_agent_user=str(agents.get("munge_agent_user", AgentsConfig.munge_agent_user)),
+            munge_ttl_s=int(agents.get("munge_ttl_s", AgentsConfig.munge_ttl_s)),
             url_template=template,
             timeout_s=float(agents.get("timeout_s", 5.0)),
             urls=dict(urls),

@@ -20,7 +20,8 @@ from pathlib import Path
 from types import FrameType
 from wsgiref.simple_server import WSGIServer
 
-from slurm_elastic.agent.auth import MetricsAccess, load_key, load_token
+from slurm_elastic.agent.auth import MetricsAccess, load_token
+from slurm_elastic.agent.client import client_auth
 from slurm_elastic.api.server import ApiServer
 from slurm_elastic.controller.actuator import Actuator, FaultHook
 from slurm_elastic.controller.collect import CollectResult, collect_sync
@@ -157,12 +158,13 @@ def build_collector(cfg: ControllerConfig) -> AgentCollector:
         token = load_token(source.token_file) if source.token_file is not None else None
         log.info("metrics source: Prometheus %s (%s series)", source.url, source.series)
         return PrometheusSource(source, token=token)
-    if cfg.agents.key_file is None:
-        raise ConfigError(f"{cfg.source}: agents.key_file is required (the agents refuse unsigned requests)")
-    key = load_key(cfg.agents.key_file)
+    a = cfg.agents
+    auth = client_auth(a.auth, key_file=a.key_file, munge_socket=a.munge_socket, munge_agent_user=a.munge_agent_user,
+                       munge_ttl_s=a.munge_ttl_s, source=str(cfg.source))
+    log.info("agents: requests authenticated with %s", auth.scheme)
 
     def collector(agents: Mapping[str, str]) -> CollectResult:
-        return collect_sync(agents, key, timeout_s=cfg.agents.timeout_s)
+        return collect_sync(agents, auth, timeout_s=cfg.agents.timeout_s)
 
     return collector
 

@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from slurm_elastic.agent.client import AgentClient
+from slurm_elastic.agent.auth import ClientAuth
+from slurm_elastic.agent.client import AgentClient, client_auth
 from slurm_elastic.agent.errors import AgentClientError, AgentRequestError
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.mig.config import AgentAccess, Commands
@@ -135,7 +136,7 @@ def node_address(node: str, cli: SlurmCli | None = None) -> str | None:
 class HttpAgent:
     """:class:`~slurm_elastic.mig.workflow.AgentPort` over the agents' signed HTTP endpoints."""
 
-    def __init__(self, access: AgentAccess, key: bytes,
+    def __init__(self, access: AgentAccess, key: bytes | ClientAuth,
                  address_of: Callable[[str], str | None] | None = None) -> None:
         self.access = access
         self._key = key
@@ -291,10 +292,10 @@ def fault_hook(spec: str | None, kill: Callable[[], None] | None = None) -> Call
     return hook
 
 
-def load_agent_key(path: Path) -> bytes:
-    from slurm_elastic.agent.auth import load_key
-
+def load_agent_auth(access: AgentAccess, source: str) -> ClientAuth:
+    """The credentials ``[agents] auth`` names (the key file's key, or MUNGE)."""
     try:
-        return load_key(path)
+        return client_auth(access.auth, key_file=access.key_file, munge_socket=access.munge_socket,
+                           munge_agent_user=access.munge_agent_user, munge_ttl_s=access.munge_ttl_s, source=source)
     except SlurmElasticError as exc:
         raise WorkflowError(str(exc)) from exc

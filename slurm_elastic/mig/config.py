@@ -101,6 +101,10 @@ class Commands:
 @dataclass(frozen=True)
 class AgentAccess:
     key_file: Path = Path(AGENT_KEYS["key_file"].default)
+    auth: str = AGENT_KEYS["auth"].default
+    munge_socket: str = AGENT_KEYS["munge_socket"].default
+    munge_agent_user: str = AGENT_KEYS["munge_agent_user"].default
+    munge_ttl_s: int = AGENT_KEYS["munge_ttl_s"].default
     url_template: str = AGENT_KEYS["url_template"].default
     timeout_s: float = MIG_AGENT_TIMEOUT_S
     apply_timeout_s: float = AGENT_KEYS["apply_timeout_s"].default
@@ -211,6 +215,10 @@ def parse_mig_config(text: str, source: str = "<string>", env: Mapping[str, str]
         commands=Commands(**commands),
         agents=AgentAccess(
             key_file=Path(agents.get("key_file", AgentAccess.key_file)),
+            auth=str(agents.get("auth", AgentAccess.auth)),
+            munge_socket=str(agents.get("munge_socket", AgentAccess.munge_socket)),
+            munge_agent_user=str(agents.get("munge_agent_user", AgentAccess.munge_agent_user)),
+            munge_ttl_s=int(agents.get("munge_ttl_s", AgentAccess.munge_ttl_s)),
             url_template=str(agents.get("url_template", AgentAccess.url_template)),
             timeout_s=float(agents.get("timeout_s", MIG_AGENT_TIMEOUT_S)),
             apply_timeout_s=float(agents.get("apply_timeout_s", AgentAccess.apply_timeout_s)),

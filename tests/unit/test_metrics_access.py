@@ -127,7 +127,7 @@ def test_token_file_checks(tmp_path: Path) -> None:
 
 def agent_app(access: MetricsAccess) -> AgentApp:
     sampler = StubSampler(node_report(JobHistory(60.0), 100.0, running=True))  # GPU 0 runs job 42 of alice, nlp
-    return AgentApp(sampler, RequestVerifier(KEY), KEY, metrics_access=access)  # type: ignore[arg-type]
+    return AgentApp(sampler, RequestVerifier(KEY), metrics_access=access)  # type: ignore[arg-type]
 
 
 async def get(s: aiohttp.ClientSession, server: TestServer, path: str, token: str | None = None) -> tuple[int, str]:
