@@ -49,6 +49,8 @@ from slurm_elastic.policy.model import (
     Outcome,
     PolicyInput,
     ResizeRecord,
+    ServingLoad,
+    ServingPoint,
     ShrinkPlan,
     ThroughputSample,
 )
@@ -80,6 +82,8 @@ __all__ = [
     "Provenance",
     "Reason",
     "ResizeRecord",
+    "ServingLoad",
+    "ServingPoint",
     "Resolved",
     "ShrinkPlan",
     "ThroughputSample",

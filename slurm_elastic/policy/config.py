@@ -241,6 +241,7 @@ class UnitSettings:
     paused: bool
     shrink_to_admit: bool
     admit_victim_interval_s: int
+    admit_keep_percent: int
     tail_protection: bool
     max_shrunk_share: int
     tail_min_shrunk_s: int
@@ -255,6 +256,12 @@ class UnitSettings:
     goodput: bool
     goodput_min_marginal_efficiency: float
     speedup_growth: bool
+    serving_risk_percent: int
+    serving_headroom_percent: int
+    serving_up_window_s: int
+    serving_down_window_s: int
+    serving_down_cooldown_s: int
+    serving_cold_start_s: int
     min_throughput_samples: int
     throughput_max_age_s: int
     provenance: Mapping[str, Provenance] = field(default_factory=dict, hash=False, compare=False)

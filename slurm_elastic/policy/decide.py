@@ -70,7 +70,7 @@ def decide(inp: PolicyInput, cfg: PolicyConfig, now: datetime) -> list[Decision]
                 _latest(last_grow, unit.unit_id, when)
 
     ctx = Context(cfg, now, SettingsResolver(cfg), inp.utilization, last_resize, last_grow, cfg.paused_jobs,
-                  last_admit_victim)
+                  last_admit_victim, inp.serving)
     works = [evaluate(unit, ctx) for unit in sorted(inp.units, key=lambda u: u.unit_id)]
     Walk(inp, ctx, works, admit_at).run()
     decisions = [_build(w, ctx) for w in works]
@@ -129,6 +129,15 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
         add_s, extend = _time_limit_extension(w, ctx)
         if add_s:
             plan = replace(plan, time_limit_add_s=add_s)
+        if w.serving_for and not w.admit_taken:
+            ids = ", ".join(str(u) for u in w.serving_for)
+            w.inputs["serving_for"] = ids
+            msg = (f"gives back {w.reclaim_taken} node(s) above min {unit.min_nodes} to serving unit(s) {ids} "
+                   f"whose SLO is at risk")
+            if w.action is Action.SHRINK:
+                msg += f"; also {w.reason}: {w.message}"
+            return make(Action.SHRINK, w.current - w.taken, Reason.SERVING_RECLAIM, msg + extend, Basis.SERVING,
+                        shrink=plan)
         if w.reclaim_taken and not w.admit_taken:
             assert s is not None
             msg = (f"gives back {w.reclaim_taken} node(s) above min {unit.min_nodes} so that partition "
@@ -218,7 +227,9 @@ def _time_limit_giveback(w: UnitWork, ctx: Context, after: int) -> tuple[int, st
 
 
 def _cap(decisions: list[Decision], cap: int) -> list[Decision]:
-    actions = sorted((d for d in decisions if d.is_action), key=lambda d: (-d.priority, d.unit_id))
+    # serving actions (a serving unit's resize, or training giving nodes back to one) go first
+    actions = sorted((d for d in decisions if d.is_action),
+                     key=lambda d: (d.basis is not Basis.SERVING, -d.priority, d.unit_id))
     if len(actions) <= cap:
         return decisions
     capped = {d.unit_id for d in actions[cap:]}

@@ -13,6 +13,7 @@ from slurm_elastic.policy.capacity import need_of
 from slurm_elastic.policy.config import UnitSettings
 from slurm_elastic.policy.model import ElasticUnit, JobUtilization, Scalar
 from slurm_elastic.policy.reasons import Action, Basis, Reason
+from slurm_elastic.policy.serving import serving_call
 from slurm_elastic.policy.signals import restart_gain_s, scaling, utilization_gate
 from slurm_elastic.policy.speedup import efficiency_of, grow_gain, model_speedup, speedup_from_efficiency
 from slurm_elastic.policy.work import Context, UnitWork
@@ -50,9 +51,13 @@ def evaluate(unit: ElasticUnit, ctx: Context) -> UnitWork:
         inputs["attained_gpu_s"] = round(unit.attained_gpu_s, 1)
     _tail(w, s, ctx)
     _intent(w, s, ctx)
-    protected = w.reason in (Reason.STARTUP, Reason.COOLDOWN) or w.tail_protected
+    protected = w.reason in (Reason.STARTUP, Reason.COOLDOWN) or w.tail_protected or unit.spec.serving
     w.reclaim_ok = not protected and w.paused_by is None and unit.spec.shrink and current > unit.min_nodes
-    w.victim_ok = w.reclaim_ok and s.shrink_to_admit and not _recent_victim(unit.unit_id, s, ctx)
+    w.admit_floor = admit_floor(unit, s.admit_keep_percent)
+    if s.admit_keep_percent:
+        inputs["admit_floor"] = w.admit_floor
+    w.victim_ok = (w.reclaim_ok and s.shrink_to_admit and current > w.admit_floor
+                   and not _recent_victim(unit.unit_id, s, ctx))
     if w.paused_by is not None:
         would = f"would {w.action} by {w.want}" if w.action is not Action.HOLD else "would hold"
         inputs["would"] = str(w.reason)
@@ -95,6 +100,15 @@ def tail_text(w: UnitWork) -> str:
             f"({float(w.inputs['shrunk_share'] or 0) * 100:.0f}% > max_shrunk_share {w.inputs['max_shrunk_share']}%)")
 
 
+def admit_floor(unit: ElasticUnit, keep_percent: int) -> int:
+    """Fewest nodes ``unit`` keeps when shrunk to admit pending jobs: ``keep_percent`` of its requested size
+    (the size it started with; else what it was submitted with), rounded up, and never below its min."""
+    requested = unit.requested_nodes if unit.requested_nodes is not None else unit.submitted_nodes
+    if not keep_percent or requested is None:
+        return unit.min_nodes
+    return max(unit.min_nodes, -(-requested * keep_percent // 100))
+
+
 def _recent_victim(unit_id: int, s: UnitSettings, ctx: Context) -> bool:
     """Shrunk to admit a pending job less than ``admit_victim_interval_s`` ago: not a victim again yet (a long
     job must not be everybody's victim for its whole life)."""
@@ -112,6 +126,9 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
     if age < s.startup_protection_s:
         w.inputs["running_s"] = round(age, 1)
         w.hold(Reason.STARTUP, f"started {age:.0f}s ago < startup_protection_s {s.startup_protection_s}s")
+        return
+    if spec.serving:
+        _serving(w, s, ctx)
         return
     last = ctx.last_resize.get(unit.unit_id)
     if last is not None:
@@ -222,6 +239,33 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
         return
     w.hold(Reason.IN_BAND, f"mean util {_pct(mean)} within {s.scale_down_below}%..{s.scale_up_above}% {over}",
            Basis.UTILIZATION)
+
+
+def _serving(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
+    """A serving unit: its bounds, then the serving rules of policy/serving.py instead of the utilization band."""
+    unit, current = w.unit, w.current
+    w.serving = True
+    if current > unit.max_nodes and unit.spec.shrink:
+        w.intend(Action.SHRINK, Reason.ABOVE_MAX, f"{current} nodes > max {unit.max_nodes}", Basis.BOUNDS,
+                 current - unit.max_nodes)
+        return
+    if current < unit.min_nodes:
+        _grow_checks(w, s, ctx, util=None, reason=Reason.BELOW_MIN, msg=f"{current} nodes < min {unit.min_nodes}",
+                     basis=Basis.BOUNDS, want=unit.min_nodes - current, efficiency=1.0)
+        return
+    call = serving_call(unit, ctx.serving.get(unit.unit_id), s, ctx.now, current=current,
+                        last_resize=ctx.last_resize.get(unit.unit_id), last_grow=ctx.last_grow.get(unit.unit_id))
+    w.inputs.update(call.inputs)
+    if call.action is Action.GROW:
+        _grow_checks(w, s, ctx, util=None, reason=call.reason, msg=call.message, basis=Basis.SERVING,
+                     want=min(call.want, max(0, unit.max_nodes - current)) or call.want, efficiency=1.0)
+    elif call.action is Action.SHRINK:
+        if not unit.spec.shrink:
+            w.hold(Reason.SHRINK_DISABLED, f"{call.message}, but --no-shrink", Basis.SERVING)
+        else:
+            w.intend(Action.SHRINK, call.reason, call.message, Basis.SERVING, call.want)
+    else:
+        w.hold(call.reason, call.message, Basis.SERVING if call.reason is not Reason.NO_METRICS else Basis.NONE)
 
 
 def _speedup(w: UnitWork, s: UnitSettings, ctx: Context, util: JobUtilization, *, mean: float, over: str) -> None:

@@ -12,6 +12,8 @@ The rules that used to live twice are here once:
   simulator (samples exactly at cycle times) uses the same rule, so that it predicts what the controller does.
 * **Goodput.** A unit's throughput samples and observed restart time are attached only when its settings use
   them (``goodput``, ``restart_cost_aware`` or ``speedup_growth``), and only to a unit that has utilization.
+* **Serving.** A serving unit's (``--serving``) published points are read from :attr:`UnitReads.serving_since`
+  on (its long window plus the same slack), and the caller's load for units that are not serving is dropped.
 * **Canonical order.** Units are sorted by id, history, actions in progress and extension ends by time, so the
   same facts give an equal input whatever order the caller found them in.
 
@@ -21,7 +23,7 @@ Back-off and blocking are policy rules (policy/holds.py); the builder only carri
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -33,6 +35,7 @@ from slurm_elastic.policy.model import (
     JobUtilization,
     PolicyInput,
     ResizeRecord,
+    ServingLoad,
     ThroughputSample,
 )
 from slurm_elastic.slurm.model import ClusterSnapshot
@@ -81,6 +84,7 @@ class UnitReads:
 
     since: datetime
     goodput: bool
+    serving_since: datetime | None = None  # a serving unit: read its published points from here on
 
 
 def window_start(now: datetime, window_s: float, interval_s: float) -> datetime:
@@ -135,7 +139,12 @@ class PolicyInputBuilder:
 
     def reads(self, unit: ElasticUnit) -> UnitReads:
         s = self.settings(unit)
-        return UnitReads(since=window_start(self.now, s.window_s, self.interval_s), goodput=uses_goodput(s))
+        serving_since = None
+        if unit.spec.serving:
+            serving_since = window_start(self.now, max(s.serving_down_window_s, s.serving_up_window_s),
+                                         self.interval_s)
+        return UnitReads(since=window_start(self.now, s.window_s, self.interval_s), goodput=uses_goodput(s),
+                         serving_since=serving_since)
 
     def build(
         self,
@@ -150,6 +159,7 @@ class PolicyInputBuilder:
         account_shares: Mapping[str, float] | None = None,
         gpu_limits: Mapping[str, int] | None = None,
         extension_qos: str | None = None,
+        serving: Mapping[int, ServingLoad] | None = None,
     ) -> PolicyInput:
         """The input of ``decide``. ``samples`` and ``measures`` are by unit id; samples older than the unit's
         window start are ignored, goodput of a unit whose settings do not use it is dropped, and facts about
@@ -166,6 +176,13 @@ class PolicyInputBuilder:
             found = utilization(u.unit_id, samples.get(u.unit_id, ()), r.since, m)
             if found is not None:
                 util[u.unit_id] = found
+        loads: dict[int, ServingLoad] = {}
+        for u in ordered:
+            load = (serving or {}).get(u.unit_id)
+            since = self.reads(u).serving_since
+            if load is not None and since is not None:
+                kept = tuple(sorted((p for p in load.points if p.at >= since), key=lambda p: p.at))
+                loads[u.unit_id] = replace(load, points=kept)
         return PolicyInput(
             snapshot=snapshot,
             units=ordered,
@@ -174,6 +191,7 @@ class PolicyInputBuilder:
             account_shares=dict(account_shares or {}),
             gpu_limits=dict(gpu_limits or {}),
             extension_qos=extension_qos,
+            serving=loads,
             in_progress=tuple(sorted((a for a in in_progress if a.unit_id in ids),
                                      key=lambda a: (a.since, a.unit_id, a.kind))),
             extension_ends=tuple(sorted((e for e in extension_ends if e.unit_id in ids),

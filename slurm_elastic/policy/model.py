@@ -155,6 +155,32 @@ class JobUtilization:
     restart_s: float | None = None
 
 
+@dataclass(frozen=True)
+class ServingPoint:
+    """One line a serving unit published (slurm_elastic.serving): requests/s and latency over its interval."""
+
+    at: datetime
+    requests_per_s: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    queue_depth: int | None = None
+    replicas: int | None = None
+
+
+@dataclass(frozen=True)
+class ServingLoad:
+    """What the caller read for one serving unit: its published points (oldest first, the long window's),
+    the demand forecast for ``forecast_lead_s`` ahead (req/s; None: no forecast yet), the measured cold start
+    of a replica, and the measured requests/s one replica carries within the SLO (None: unknown)."""
+
+    unit_id: int
+    points: tuple[ServingPoint, ...] = ()
+    forecast_rps: float | None = None
+    forecast_lead_s: float | None = None
+    cold_start_s: float | None = None
+    rps_per_replica: float | None = None
+
+
 class Outcome(enum.StrEnum):
     INTENT = "intent"  # journaled, not (yet) known to be applied
     APPLIED = "applied"
@@ -255,6 +281,8 @@ class PolicyInput:
     #: The units' extension jobs that ended lately: grows back off after ones that died on their own
     #: (GROW_BACKOFF, policy/holds.py).
     extension_ends: tuple[ExtensionEnd, ...] = ()
+    #: Serving units' published load and forecast, by unit id (policy/serving.py).
+    serving: Mapping[int, ServingLoad] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ class Basis(enum.StrEnum):
     """The signal a decision was based on."""
 
     UTILIZATION = "utilization"  # mean GPU utilization over the window
+    SERVING = "serving"  # a serving unit's published latency and load, or its demand forecast
     THROUGHPUT = "throughput"  # the job's published throughput (goodput rule)
     QUEUE = "queue"  # a pending job (shrink-to-admit)
     RESERVE = "reserve"  # the partition's free-node reserve (reserve reclaim)
@@ -71,6 +72,13 @@ class Reason(enum.StrEnum):
     # speedup-aware growth, behind speedup_growth
     SPEEDUP_GAIN = "SPEEDUP_GAIN"
     LOW_SPEEDUP_GAIN = "LOW_SPEEDUP_GAIN"
+    # serving units (#ELASTIC --serving)
+    SLO_AT_RISK = "SLO_AT_RISK"
+    SLO_PEAK_AHEAD = "SLO_PEAK_AHEAD"
+    SLO_HEADROOM = "SLO_HEADROOM"
+    SLO_MET = "SLO_MET"
+    REPLICA_WARMING = "REPLICA_WARMING"
+    SERVING_RECLAIM = "SERVING_RECLAIM"
     # Slurm-side losses (preemption, node failure): recorded by the controller's shell (controller/losses.py),
     # never by decide()
     PREEMPTED_BY_SLURM = "PREEMPTED_BY_SLURM"
@@ -129,6 +137,18 @@ REASON_DOCS: dict[Reason, str] = {
     "saving first",
     Reason.LOW_SPEEDUP_GAIN: "hold (speedup_growth): the next step's marginal efficiency is below "
     "goodput_min_marginal_efficiency, or the time it saves does not exceed a restart",
+    Reason.SLO_AT_RISK: "grow (serving): the short window's p99 latency or load per replica is above "
+    "serving_risk_percent of the objective; scales out at once, ahead of pending jobs and training grows, "
+    "reclaiming training nodes above their min when no node is free",
+    Reason.SLO_PEAK_AHEAD: "grow (serving): the demand forecast for one cold start ahead needs more replicas "
+    "than run now; capacity is reserved before the peak",
+    Reason.SLO_HEADROOM: "shrink (serving): over the whole long window latency and load stayed below "
+    "serving_headroom_percent of what one replica fewer could carry, and the forecast agrees",
+    Reason.SLO_MET: "hold (serving): the objective is met without enough headroom to give a replica back",
+    Reason.REPLICA_WARMING: "hold (serving): the SLO is at risk but replicas added less than a cold start ago "
+    "are not serving yet",
+    Reason.SERVING_RECLAIM: "shrink: gives nodes above its min to a serving unit whose SLO is at risk (serving "
+    "grows outrank training), through the usual grace signal",
     Reason.PREEMPTED_BY_SLURM: "shrink, recorded by the controller: Slurm preempted an extension job (state "
     "PREEMPTED); counts as a resize, so the cooldown follows",
     Reason.NODE_FAILURE: "shrink, recorded by the controller: a node under an extension job went DOWN (or the "

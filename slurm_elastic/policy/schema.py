@@ -126,6 +126,10 @@ KEYS: tuple[KeyDef, ...] = (
     KeyDef("admit_victim_interval_s", Kind.DURATION, 0, 0, 7 * _DAY, ALL_SCOPES,
            "a unit shrunk to admit a pending job is not shrunk for another one during this long (0: only the "
            "cooldown); protects long jobs from being every arrival's victim"),
+    KeyDef("admit_keep_percent", Kind.PERCENT, 0, 0, 100, ALL_SCOPES,
+           "a unit shrunk to admit pending jobs keeps at least this percent of its requested size (the size it "
+           "started with), rounded up, and at least its min: bounds the slowdown shrink-to-admit may cause one "
+           "job (0: down to its min)"),
     KeyDef("tail_protection", Kind.BOOL, False, None, None, ALL_SCOPES,
            "bounded slowdown: a unit that has run below its requested size for more than max_shrunk_share of "
            "its life is no longer shrunk to admit pending jobs or to restore a reserve, and grows back to its "
@@ -173,6 +177,24 @@ KEYS: tuple[KeyDef, ...] = (
            "restart costs and its marginal efficiency is at least goodput_min_marginal_efficiency, whatever "
            "its utilization band says; spare nodes go to the largest saving first (SPEEDUP_GAIN, "
            "LOW_SPEEDUP_GAIN)"),
+    # --- serving units (#ELASTIC --serving; docs/serving.md) ---------------------------------------------------
+    KeyDef("serving_risk_percent", Kind.PERCENT, 80, 1, 100, ALL_SCOPES,
+           "serving: the SLO is at risk (scale out at once, SLO_AT_RISK) when the p99 latency of the short window "
+           "is above this percent of --slo-p99, or the requests per replica above this percent of "
+           "--target-rps-per-replica"),
+    KeyDef("serving_headroom_percent", Kind.PERCENT, 50, 1, 99, ALL_SCOPES,
+           "serving: scale in (SLO_HEADROOM) only when, over the whole long window, the p99 latency stayed below "
+           "this percent of the SLO and the load would stay below this percent of one replica fewer's capacity"),
+    KeyDef("serving_up_window_s", Kind.DURATION, 60, 10, 3600, ALL_SCOPES,
+           "serving: the short window whose worst p99 and peak load decide a scale-out"),
+    KeyDef("serving_down_window_s", Kind.DURATION, 900, 60, _DAY, ALL_SCOPES,
+           "serving: the long window that must show headroom throughout before a scale-in"),
+    KeyDef("serving_down_cooldown_s", Kind.DURATION, 900, 0, _DAY, ALL_SCOPES,
+           "serving: no scale-in for this long after any resize of the unit (scale-out has no cooldown beyond "
+           "the replicas' cold start)"),
+    KeyDef("serving_cold_start_s", Kind.DURATION, 60, 0, 3600, ALL_SCOPES,
+           "serving: seconds a new replica takes to serve; a scale-out waits this long for the last one to "
+           "take load, and the forecast reserves this far ahead of a peak (the measured cold start wins)"),
     KeyDef("min_throughput_samples", Kind.INT, 3, 1, 100_000, ALL_SCOPES,
            "fewest throughput samples at a size before that size's throughput is trusted"),
     KeyDef("throughput_max_age_s", Kind.DURATION, 21600, 60, 7 * _DAY, ALL_SCOPES,

@@ -56,8 +56,9 @@ def marginal_loss(w: UnitWork) -> float:
 
 
 def _exhausted(w: UnitWork) -> bool:
-    """No node left to give back above its min (``taken`` only grows during a walk: it stays so)."""
-    return w.current - w.unit.min_nodes - w.taken <= 0 or w.taken >= len(w.removal())
+    """No node left to give back to pending jobs above its admit floor (``taken`` only grows during a walk: it
+    stays so)."""
+    return w.current - max(w.unit.min_nodes, w.admit_floor) - w.taken <= 0 or w.taken >= len(w.removal())
 
 
 def service_key(w: UnitWork) -> tuple[float, float, int, int]:
@@ -260,7 +261,9 @@ class Walk:
         for w in self.works:
             if w.action is not Action.GROW:
                 continue
-            if w.tail_regrow:  # a tail_protection regrow goes first, ahead of pending jobs
+            if w.serving:  # serving grows outrank everything: pending jobs, regrows and training grows
+                events.append(((-(1 << 62) - 1, 0, w.unit_id), w))
+            elif w.tail_regrow:  # a tail_protection regrow goes first, ahead of pending jobs
                 events.append(((-(1 << 62), 0, w.unit_id), w))
             elif w.gain_s is not None:
                 events.append(((-floor, 1, -w.gain_s, w.unit_id), w))
@@ -272,6 +275,8 @@ class Walk:
                 self._pending(item)
             elif not item.admit_basis and not item.reclaim_taken:  # a unit giving nodes back does not grow
                 self._grant(item)
+                if item.serving and len(item.granted) < item.want:
+                    self._serving_reclaim(item, item.want - len(item.granted))
 
     # --- reserve reclaim ----------------------------------------------------------------------------------------
 
@@ -314,6 +319,47 @@ class Walk:
                     deficit -= 1
                 w.taken += k
                 w.reclaim_taken += k
+
+    def _serving_reclaim(self, w: UnitWork, short: int) -> None:
+        """A serving grow short of ``short`` nodes: claim what metric shrinks give back in its partition, then
+        shrink training units (best victim first, whatever their priority) by their nodes above min that would
+        become free nodes of the partition. The serving unit takes them on a later cycle, after the grace."""
+        part = w.unit.job.partition
+        got = 0
+        for name, holder in self.freeing.get(part, ()):
+            if got >= short:
+                break
+            if name not in self.claimed and self._frees_node(name, holder, part):
+                self.claimed.add(name)
+                got += 1
+        freed = got
+        candidates = sorted((v for v in self.works if v.reclaim_ok and not v.serving
+                             and part in self.unit_parts[v.unit_id]), key=self._victim_order())
+        victims: list[str] = []
+        for v in candidates:
+            if got >= short:
+                break
+            order = v.removal()
+            k = 0
+            while v.current - v.unit.min_nodes - v.taken - k > 0 and got < short and v.taken + k < len(order):
+                if not self._frees_node(order[v.taken + k].node, v, part):
+                    break
+                k += 1
+                got += 1
+            if k:
+                v.taken += k
+                v.reclaim_taken += k
+                v.serving_for.append(w.unit_id)
+                victims.append(f"{v.unit.job.display_id} ({k})")
+        w.serving_reclaim = got
+        if got:
+            w.inputs["serving_reclaim_nodes"] = got
+            parts = []
+            if freed:
+                parts.append(f"{freed} node(s) other shrinks give back")
+            if victims:
+                parts.append(f"{got - freed} from training job(s) {', '.join(victims)} above their min")
+            w.message += f"; reclaiming {' and '.join(parts)}"
 
     # --- pending jobs -------------------------------------------------------------------------------------------
 
@@ -395,7 +441,7 @@ class Walk:
                 if w.unit_id in seen or w.priority >= job.priority:
                     continue
                 seen.add(w.unit_id)
-                surplus = w.current - w.unit.min_nodes - w.taken
+                surplus = w.current - max(w.unit.min_nodes, w.admit_floor) - w.taken
                 order = w.removal()
                 k = 0
                 while k < surplus and still > 0 and w.taken + k < len(order):

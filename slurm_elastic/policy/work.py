@@ -8,7 +8,7 @@ from datetime import datetime
 
 from slurm_elastic.policy.capacity import Need
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver, UnitSettings
-from slurm_elastic.policy.model import AdmitBasis, ElasticUnit, JobUtilization, Scalar
+from slurm_elastic.policy.model import AdmitBasis, ElasticUnit, JobUtilization, Scalar, ServingLoad
 from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.policy.shrink import Removable, removal_order
 
@@ -31,6 +31,7 @@ class UnitWork:
     want: int = 0  # nodes to add (grow) or remove (shrink)
     paused_by: str | None = None
     victim_ok: bool = False  # may shrink to admit a pending job
+    admit_floor: int = 0  # fewest nodes it keeps when shrunk to admit (admit_keep_percent, at least its min)
     reclaim_ok: bool = False  # may shrink to restore its partition's reserve
     efficiency: float | None = None
     last_grow: datetime | None = None
@@ -45,6 +46,9 @@ class UnitWork:
     tail_protected: bool = False  # tail_protection: shrunk too long, no longer a victim
     tail_regrow: bool = False  # its grow intent is a SHRUNK_TOO_LONG regrow (walked first)
     spared_for: tuple[int, int] | None = None  # (pending job, priority) it would have been shrunk for
+    serving: bool = False  # a serving unit: its grows go first and may reclaim training surplus
+    serving_for: list[int] = field(default_factory=list)  # serving units it gives nodes back to
+    serving_reclaim: int = 0  # nodes reclaimed from training for this serving unit's grow
     gain_s: float | None = None  # speedup_growth: net seconds its grow saves (ranks grows among themselves)
 
     @property
@@ -81,3 +85,4 @@ class Context:
     last_grow: dict[int, datetime]
     paused_jobs: frozenset[int]
     last_admit_victim: dict[int, datetime] = field(default_factory=dict)  # unit -> its last shrink-to-admit
+    serving: Mapping[int, ServingLoad] = field(default_factory=dict)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from slurm_elastic.policy import Action, Basis, Decision, PolicyConfig, PolicyInput, Reason, decide, default_config
-from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
+from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd, ServingLoad, ServingPoint
 from slurm_elastic.policy.reasons import SHELL_REASONS
 from tests.unit.policy_builders import (
     NOW,
@@ -55,6 +55,29 @@ def one(
     all_nodes = nodes(len(leader) + free, busy=leader)
     utils = [util(100, mean)] if mean is not None else []
     return make_input([u], all_nodes, utils=utils), config or cfg()
+
+
+def spoints(p99: float, rps: float, *, span: float = 900, every: float = 10) -> tuple[ServingPoint, ...]:
+    """A serving unit's published points, one every ``every`` seconds over the last ``span`` seconds."""
+    n = int(span // every)
+    return tuple(ServingPoint(ago(span - i * every), rps, p99_ms=p99, replicas=1) for i in range(n + 1))
+
+
+def serving(p99: float, rps: float = 10.0, *, leader: tuple[str, ...] = ("n1",), free: int = 2,
+            forecast: float | None = None, others: tuple[Any, ...] = (), utils: tuple[Any, ...] = (),
+            exts: tuple[Any, ...] = (), **kw: Any) -> tuple[PolicyInput, PolicyConfig]:
+    """Serving unit 100 (SLO 50ms) on ``leader`` at ``p99``/``rps`` over the last 15 min, ``free`` idle nodes."""
+    kw.setdefault("slo_p99_ms", 50)
+    u = unit(job(100, nodes=leader, priority=10), serving=True, exts=exts, **kw)
+    busy = list(leader) + [n for e in exts for n in e.nodes] + [n for o in others for n in o.job.nodes]
+    inp = make_input([u, *others], nodes(len(busy) + free, busy=busy), utils=utils)
+    load = ServingLoad(100, spoints(p99, rps), forecast_rps=forecast, forecast_lead_s=None if forecast is None else 60)
+    return replace(inp, serving={100: load}), cfg()
+
+
+def serving_reclaim() -> tuple[PolicyInput, PolicyConfig]:
+    train = unit(job(200, nodes=("n2", "n3"), priority=5000))
+    return serving(60, free=0, others=(train,), utils=(util(200, 60),))
 
 
 def with_pending() -> tuple[PolicyInput, PolicyConfig]:
@@ -217,6 +240,20 @@ CASES: list[Case] = [
     Case(Reason.ACTION_IN_PROGRESS, Action.HOLD, in_progress,
          "would shrink 2 -> 1 (UNDERUTILIZED: mean util 12% < 40% over 600s (120 samples)); its shrink decided "
          "90s ago is not finished", basis=Basis.UTILIZATION),
+    Case(Reason.SLO_AT_RISK, Action.GROW, lambda: serving(60), "p99 60.0ms > 80% of SLO 50ms over the last 60s",
+         basis=Basis.SERVING, target=2),
+    Case(Reason.SLO_PEAK_AHEAD, Action.GROW, lambda: serving(20, 50, forecast=200, target_rps_per_replica=100),
+         "forecast 200.0 req/s in 60s needs 3 replicas at 80% of 100.0 req/s, 1 run", basis=Basis.SERVING,
+         target=3),
+    Case(Reason.SLO_HEADROOM, Action.SHRINK, lambda: serving(10, leader=("n1", "n2")),
+         "p99 <= 10.0ms < 50% of SLO 50ms over the last 900s", basis=Basis.SERVING, target=1),
+    Case(Reason.SLO_MET, Action.HOLD, lambda: serving(30, leader=("n1", "n2")),
+         "objective met, not enough latency headroom over 900s", basis=Basis.SERVING),
+    Case(Reason.REPLICA_WARMING, Action.HOLD, lambda: serving(60, exts=(ext(500, ("n2",), started_ago=30),)),
+         "but replicas added 30s ago are still starting (cold start 60s)", basis=Basis.SERVING),
+    Case(Reason.SERVING_RECLAIM, Action.SHRINK, serving_reclaim,
+         "gives back 1 node(s) above min 1 to serving unit(s) 100 whose SLO is at risk", unit_id=200,
+         basis=Basis.SERVING, target=1),
     Case(Reason.GROW_BACKOFF, Action.HOLD, backoff,
          "1 extension job(s) ended on their own within 600s (last 500: FAILED); next grow in 15s"),
 ]
