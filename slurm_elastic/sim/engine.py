@@ -339,7 +339,7 @@ class Simulation:
         if ready > job.seg_time:
             self._usage.append(UsageInterval(job.index, job.seg_time, ready, gpus, 0.0))
         if self.now > ready:
-            busy = gpus * job.perf.utilization(job.shape)
+            busy = gpus * job.perf.utilization(job.shape, min(job.seg_epoch, job.perf.num_epochs - 1))
             self._usage.append(UsageInterval(job.index, ready, self.now, gpus, busy))
 
     def _complete(self, job: _Job) -> None:
@@ -393,6 +393,7 @@ class Simulation:
             epoch, progress = self._position(job, self.now)
             total = job.perf.epoch_end(job.perf.num_epochs - 1)
             restarting = self.now < job.seg_ready
+            now_epoch = min(epoch, job.perf.num_epochs - 1)
             views.append(
                 JobView(
                     job_id=job.spec.job_id,
@@ -406,8 +407,8 @@ class Simulation:
                     gpus_per_node=job.shape,
                     min_nodes=job.min_nodes,
                     max_nodes=job.max_nodes,
-                    gpu_util=0.0 if restarting else job.perf.utilization(job.shape),
-                    throughput=0.0 if restarting else job.perf.throughput(job.shape),
+                    gpu_util=0.0 if restarting else job.perf.utilization(job.shape, now_epoch),
+                    throughput=0.0 if restarting else job.perf.throughput(job.shape, now_epoch),
                     progress=min(1.0, progress / total) if total > 0 else 1.0,
                     resizes=job.resizes,
                     last_resize_time=job.last_resize,

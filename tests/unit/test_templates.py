@@ -35,7 +35,8 @@ def test_torch_templates_point_the_goodput_file_at_the_controllers_path(name: st
     assert "leader=${SLURM_ELASTIC_PARENT:-$SLURM_JOB_ID}" in text
 
 
-@pytest.mark.parametrize("name", ["torchrun_elastic.sbatch", "dlrm_embedding.sbatch", "minimal.sbatch"])
+@pytest.mark.parametrize("name", ["torchrun_elastic.sbatch", "dlrm_embedding.sbatch", "minimal.sbatch",
+                                  "serve_http.sbatch"])
 def test_templates_run_the_launcher_and_keep_the_users_environment(name: str) -> None:
     """The launcher is the step's task (it forwards the grace signal and notices to the program); the leader
     records the user's environment and an extension job loads it; the notice file is the controller's path."""
@@ -96,3 +97,11 @@ def test_an_extension_never_forms_a_group_without_the_running_job(name: str, tmp
     assert run({"role": "leader", "SLURM_JOB_NUM_NODES": "2"}) == "1:4"
     assert run({"role": "extension", "SLURM_JOB_NUM_NODES": "2"}) == "3:4"
     assert run({"role": "extension", "SLURM_JOB_NUM_NODES": "4"}) == "4:4"
+
+
+def test_serving_template_publishes_where_the_controller_reads_and_is_a_serving_unit() -> None:
+    text = (TEMPLATES[0].parent / "serve_http.sbatch").read_text()
+    assert "export SLURM_ELASTIC_SERVING_FILE=${SLURM_ELASTIC_SERVING_FILE:-$state/serving-$leader.jsonl}" in text
+    assert [s.serving for s in parse_script(text).specs] == [True]
+    source = (TEMPLATES[0].parent / "serve_http.py").read_text()
+    assert "serving.publish(" in source and "resize.acknowledge()" in source

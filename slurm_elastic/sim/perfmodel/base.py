@@ -27,11 +27,12 @@ class JobPerf(Protocol):
         """Progress units per second during ``epoch`` on ``shape`` (excluding restart delays)."""
         ...
 
-    def utilization(self, shape: Shape) -> float:
-        """Share of each step the GPUs compute (compute / step time incl. sync): what the agent reports."""
+    def utilization(self, shape: Shape, epoch: int = 0) -> float:
+        """Share of each step the GPUs compute (compute / step time incl. sync): what the agent reports. Only a
+        model whose batch size adapts (:mod:`.adaptive`) depends on ``epoch``."""
         ...
 
-    def throughput(self, shape: Shape) -> float:
+    def throughput(self, shape: Shape, epoch: int = 0) -> float:
         """Training samples per second on ``shape`` (excluding restart delays): what a job publishes for the
         goodput rule. Models without a batch size give it in relative units; only ratios matter."""
         ...

@@ -98,12 +98,12 @@ class ParametricJobPerf:
             raise PerfModelError("empty shape")
         return self._ref_step / (self.duration * self.params.step_time(gpus, nodes))
 
-    def utilization(self, shape: Shape) -> float:
+    def utilization(self, shape: Shape, epoch: int = 0) -> float:
         gpus, nodes = sum(shape), sum(1 for g in shape if g)
         step = self.params.step_time(gpus, nodes)
         return min(1.0, max(0.0, self.params.compute_time(gpus) / step)) if step > 0 else 0.0
 
-    def throughput(self, shape: Shape) -> float:
+    def throughput(self, shape: Shape, epoch: int = 0) -> float:
         """Steps per single-GPU step time at the fixed global batch (relative samples/s)."""
         gpus, nodes = sum(shape), sum(1 for g in shape if g)
         if gpus < 1:

@@ -148,11 +148,11 @@ class PolluxJobPerf:
             self._rates[key] = cached
         return cached
 
-    def utilization(self, shape: Shape) -> float:
+    def utilization(self, shape: Shape, epoch: int = 0) -> float:
         total, compute, _ = self.step_breakdown(shape)
         return min(1.0, max(0.0, compute / total))
 
-    def throughput(self, shape: Shape) -> float:
+    def throughput(self, shape: Shape, epoch: int = 0) -> float:
         """Samples per second: the effective global batch over the optimizer step time (no statistical
         efficiency: that is what a training loop can count)."""
         total, _, batch = self.step_breakdown(shape)

@@ -1,0 +1,148 @@
+"""Adaptive batch size: the efficiency model, the goodput-best plan, lr scaling, and the simulator's opted-in jobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from slurm_elastic.batchsize import (
+    BatchLimits,
+    BatchModelError,
+    GradStats,
+    LinearStepModel,
+    choose_plan,
+    local_batch_candidates,
+    lr_factor,
+)
+from slurm_elastic.sim.perfmodel.adaptive import AdaptiveBatchJobPerf
+from slurm_elastic.sim.perfmodel.appdata import load_app
+from slurm_elastic.sim.perfmodel.pollux import PolluxApplication, PolluxJobPerf
+from slurm_elastic.sim.traces import pollux_app_dir, traces_dir
+
+
+def test_efficiency_is_pollux_formula() -> None:
+    stats = GradStats(grad_sqr=2.0, grad_var=6.0, init_batch=128)  # noise scale 128 * 3 = 384 samples
+    assert stats.noise_scale == pytest.approx(384.0)
+    assert stats.efficiency(128) == pytest.approx(1.0)
+    for m in (256, 1024, 4096):
+        assert stats.efficiency(m) == pytest.approx((384 + 128) / (384 + m))
+        # the gain of one step is efficiency x scale, AdaScale's (var + sqr) / (var / S + sqr)
+        assert stats.gain(m) == pytest.approx((6 + 2) / (6 / (m / 128) + 2))
+    assert stats.efficiency(256) > stats.efficiency(512) > stats.efficiency(1024)
+
+
+def test_bad_statistics_and_limits_are_refused() -> None:
+    with pytest.raises(BatchModelError, match="grad_sqr"):
+        GradStats(grad_sqr=0.0, grad_var=1.0, init_batch=8)
+    with pytest.raises(BatchModelError, match="grad_var"):
+        GradStats(grad_sqr=1.0, grad_var=math.nan, init_batch=8)
+    with pytest.raises(BatchModelError, match="init_batch"):
+        BatchLimits(init_batch=64, max_batch=32, max_local_batch=8)
+    with pytest.raises(BatchModelError, match="local"):
+        BatchLimits(init_batch=8, max_batch=32, max_local_batch=4, min_local_batch=5)
+    with pytest.raises(BatchModelError, match="lr rule"):
+        lr_factor("linear", 64, None, 32)
+
+
+def test_candidates_cover_the_range_geometrically() -> None:
+    c = local_batch_candidates(BatchLimits(init_batch=8, max_batch=4096, max_local_batch=256, min_local_batch=4))
+    assert c[0] == 4 and c[-1] == 256 and list(c) == sorted(set(c))
+    assert 8 in c and 16 in c and 128 in c
+
+
+LIMITS = BatchLimits(init_batch=64, max_batch=4096, max_local_batch=128, min_local_batch=8)
+
+
+def test_noisy_gradients_and_costly_sync_choose_a_larger_batch() -> None:
+    """Large noise scale: big batches stay efficient, so the plan amortizes the all-reduce over more samples;
+    small noise scale: the plan stays near the initial batch."""
+    step = LinearStepModel(compute_s_per_sample=0.001, sync_s_per_node=0.05, gpus_per_node=4)
+    noisy = choose_plan(16, GradStats(1.0, 200.0, 64), LIMITS, step)  # noise scale 12,800 samples
+    clean = choose_plan(16, GradStats(1.0, 0.1, 64), LIMITS, step)  # noise scale 6.4 samples
+    assert noisy is not None and clean is not None
+    assert noisy.global_batch > 4 * clean.global_batch
+    assert clean.global_batch <= 2 * 16 * LIMITS.min_local_batch  # near the smallest batch 16 GPUs can run
+    for plan in (noisy, clean):
+        assert plan.global_batch == 16 * plan.local_batch * (plan.accum_steps + 1)
+        assert LIMITS.min_local_batch <= plan.local_batch <= LIMITS.max_local_batch
+        assert plan.global_batch <= LIMITS.max_batch
+        assert plan.goodput == pytest.approx(plan.throughput * plan.efficiency)
+
+
+def test_plan_is_the_goodput_maximum_over_every_choice() -> None:
+    step = LinearStepModel(compute_s_per_sample=0.002, sync_s_per_node=0.03, gpus_per_node=4, overhead_s=0.01)
+    stats = GradStats(1.0, 20.0, 64)
+    plan = choose_plan(8, stats, LIMITS, step, candidates=range(1, 129))
+    assert plan is not None
+    best = 0.0
+    for b in range(LIMITS.min_local_batch, LIMITS.max_local_batch + 1):
+        for a in range(65):
+            m = 8 * b * (a + 1)
+            t = step(8, b, a)
+            if LIMITS.init_batch <= m <= LIMITS.max_batch and t:
+                best = max(best, m / t * stats.efficiency(m))
+    assert plan.goodput == pytest.approx(best)
+
+
+def test_memory_limit_forces_accumulation() -> None:
+    """Two nodes, a slow all-reduce, per-GPU limit 128 and a noise scale of 6,400 samples: more samples per
+    all-reduce pay, and beyond 128 per GPU only accumulation gives them."""
+    step = LinearStepModel(compute_s_per_sample=0.001, sync_s_per_node=0.5, gpus_per_node=4, overhead_s=0.01)
+    plan = choose_plan(8, GradStats(1.0, 100.0, 64), LIMITS, step)
+    assert plan is not None and plan.local_batch == 128 and plan.accum_steps >= 1
+    # with a free all-reduce the same job does not accumulate (it only would lose efficiency)
+    free = choose_plan(8, GradStats(1.0, 100.0, 64), LIMITS, LinearStepModel(0.001, 0.0, 4))
+    assert free is not None and free.accum_steps == 0
+
+
+def test_no_plan_when_the_replicas_can_not_fit_max_batch() -> None:
+    step = LinearStepModel(compute_s_per_sample=0.001, sync_s_per_node=0.0, gpus_per_node=4)
+    assert choose_plan(1024, GradStats(1.0, 1.0, 64), LIMITS, step) is None
+    with pytest.raises(BatchModelError):
+        choose_plan(0, None, LIMITS, step)
+
+
+def test_without_statistics_the_plan_keeps_the_initial_batch() -> None:
+    step = LinearStepModel(compute_s_per_sample=0.001, sync_s_per_node=0.05, gpus_per_node=4)
+    plan = choose_plan(4, None, LIMITS, step)
+    assert plan is not None and plan.global_batch == 64 and plan.efficiency == 1.0
+
+
+def test_lr_factor_sqrt_and_adascale() -> None:
+    stats = GradStats(1.0, 3.0, 64)
+    assert lr_factor("sqrt", 256, stats, 64) == pytest.approx(2.0)
+    assert lr_factor("adascale", 256, stats, 64) == pytest.approx(stats.gain(256))
+    assert 1.0 < lr_factor("adascale", 256, stats, 64) < 4.0  # between no scaling and linear scaling
+    assert lr_factor("adascale", 256, None, 64) == pytest.approx(2.0)  # no statistics yet: sqrt
+
+
+# --- the simulator's opted-in jobs ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cifar10() -> PolluxApplication:
+    return PolluxApplication(load_app(pollux_app_dir(traces_dir(), "cifar10")))
+
+
+def test_adaptive_job_runs_at_least_as_fast_as_the_fixed_batch_where_it_is_valid(cifar10: PolluxApplication) -> None:
+    fixed = PolluxJobPerf(cifar10, 512)
+    adaptive = AdaptiveBatchJobPerf(cifar10, 512)
+    for shape in ((4,), (4, 4), (4, 4, 4, 4)):
+        for epoch in (0, 30, 90):
+            plan = adaptive.plan(shape, epoch)
+            assert plan.replicas == sum(shape)
+            assert cifar10.init_batch_size <= plan.global_batch <= cifar10.max_batch_size
+            assert adaptive.rate(shape, epoch) > 0.9 * fixed.rate(shape, epoch)
+    # growing from 4 to 16 GPUs pays more with the batch co-adapted than at the fixed batch
+    late = 90
+    assert (adaptive.rate((4, 4, 4, 4), late) / adaptive.rate((4,), late)
+            > fixed.rate((4, 4, 4, 4), late) / fixed.rate((4,), late))
+
+
+def test_adaptive_job_publishes_goodput_and_grows_its_batch_with_the_noise(cifar10: PolluxApplication) -> None:
+    adaptive = AdaptiveBatchJobPerf(cifar10, 512)
+    early, late = adaptive.plan((4, 4), 0), adaptive.plan((4, 4), 90)
+    assert adaptive.stats(90).noise_scale > adaptive.stats(0).noise_scale  # gradients get noisier
+    assert late.global_batch >= early.global_batch
+    assert adaptive.throughput((4, 4), 90) == pytest.approx(late.goodput)
+    assert 0.0 < adaptive.utilization((4, 4), 90) <= 1.0
+    assert adaptive.max_gpus >= 16
