@@ -179,6 +179,46 @@ def choose_plan(
     return best
 
 
+class GradNoiseEstimator:
+    """Running estimate of :class:`GradStats` from gradient norms at two batch sizes (McCandlish et al. 2018,
+    appendix A.1, as AdaptDL's gns.py does it): with ``|G_s|^2`` the squared norm of a gradient over
+    ``B_s`` samples (one replica's, or one micro-batch's) and ``|G_b|^2`` over ``B_b > B_s`` (the all-reduced or
+    accumulated one), ``|G|^2 ~ (B_b |G_b|^2 - B_s |G_s|^2) / (B_b - B_s)`` and the per-sample variance
+    ``S ~ (|G_s|^2 - |G_b|^2) / (1 / B_s - 1 / B_b)``. Each step's pair is noisy (either may come out negative),
+    so both are exponentially averaged (``smoothing`` per step, bias-corrected) before :meth:`stats` divides
+    ``S`` by ``init_batch``."""
+
+    def __init__(self, init_batch: int, smoothing: float = 0.9) -> None:
+        if init_batch < 1 or not 0.0 <= smoothing < 1.0:
+            raise BatchModelError("need init_batch >= 1 and 0 <= smoothing < 1")
+        self.init_batch = init_batch
+        self.smoothing = smoothing
+        self._sqr = 0.0
+        self._var = 0.0
+        self._weight = 0.0
+
+    def update(self, small_sqnorm: float, small_batch: int, big_sqnorm: float, big_batch: int) -> None:
+        if not 0 < small_batch < big_batch:
+            raise BatchModelError(f"need 0 < small_batch ({small_batch}) < big_batch ({big_batch})")
+        if not (math.isfinite(small_sqnorm) and math.isfinite(big_sqnorm)):
+            return  # a diverged step says nothing about the noise
+        sqr = (big_batch * big_sqnorm - small_batch * small_sqnorm) / (big_batch - small_batch)
+        var = (small_sqnorm - big_sqnorm) / (1.0 / small_batch - 1.0 / big_batch)
+        k = self.smoothing
+        self._sqr = k * self._sqr + (1 - k) * sqr
+        self._var = k * self._var + (1 - k) * var
+        self._weight = k * self._weight + (1 - k)
+
+    def stats(self) -> GradStats | None:
+        """The smoothed statistics, or None before any step or while ``|G|^2`` is not yet positive."""
+        if self._weight <= 0:
+            return None
+        sqr, var = self._sqr / self._weight, self._var / self._weight
+        if not sqr > 0:
+            return None
+        return GradStats(grad_sqr=sqr, grad_var=max(0.0, var) / self.init_batch, init_batch=self.init_batch)
+
+
 def lr_factor(rule: str, global_batch: int, stats: GradStats | None, init_batch: int) -> float:
     """Learning-rate multiplier at ``global_batch`` against the lr tuned at ``init_batch``: ``sqrt`` or
     ``adascale`` (needs ``stats``; without them it falls back to ``sqrt``)."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from slurm_elastic.batchsize import (
     BatchLimits,
     BatchModelError,
+    GradNoiseEstimator,
     GradStats,
     LinearStepModel,
     choose_plan,
@@ -146,3 +148,64 @@ def test_adaptive_job_publishes_goodput_and_grows_its_batch_with_the_noise(cifar
     assert adaptive.throughput((4, 4), 90) == pytest.approx(late.goodput)
     assert 0.0 < adaptive.utilization((4, 4), 90) <= 1.0
     assert adaptive.max_gpus >= 16
+
+
+# --- the job-side library ---------------------------------------------------------------------------------------
+def test_job_reads_a_plan_for_its_size_from_what_it_published(tmp_path: Path) -> None:
+    from slurm_elastic import goodput
+
+    path = str(tmp_path / ".slurm-elastic" / "gradstats-7.jsonl")
+    assert goodput.batch_plan(1, 4, path=path) is None  # nothing written: keep your own batch
+    assert goodput.opt_in(init_batch=64, max_batch=4096, max_local_batch=128, min_local_batch=8,
+                          lr_rule="adascale", path=path, at=100.0)
+    first = goodput.batch_plan(2, 4, path=path)
+    assert first is not None and first.basis == "initial batch" and first.global_batch == 64
+    assert first.local_batch == 8 and first.accum_steps == 0 and first.lr_factor == pytest.approx(1.0)
+    # a noisy job measured at 2 nodes: 1 ms per sample, the all-reduce 0.2 s (0.1 s per node)
+    stats = GradStats(grad_sqr=1.0, grad_var=100.0, init_batch=64)
+    assert goodput.publish_grad_stats(stats, nodes=2, gpus_per_node=4, local_batch=8, accum_steps=0,
+                                      compute_s=0.008, step_s=0.208, path=path, at=101.0)
+    with open(path, "ab") as handle:
+        handle.write(b"not json\n{\"grad_sqr\": \"x\"}\n{\"time\": 1")  # skipped; a half-written line is ignored
+    small, big = goodput.batch_plan(2, 4, path=path), goodput.batch_plan(4, 4, path=path)
+    assert small is not None and big is not None and small.basis == big.basis == "goodput"
+    model = LinearStepModel(0.001, 0.1, 4)
+    for nodes, got in ((2, small), (4, big)):
+        want = choose_plan(nodes * 4, stats, BatchLimits(64, 4096, 128, 8), model)
+        assert want is not None
+        assert (got.local_batch, got.accum_steps, got.global_batch) == (want.local_batch, want.accum_steps,
+                                                                        want.global_batch)
+        assert got.lr_factor == pytest.approx(stats.gain(got.global_batch))  # adascale
+    assert small.global_batch > 64  # noisy gradients and a costly all-reduce: a larger batch pays
+
+
+def test_publish_refuses_bad_timings_and_works_outside_slurm(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_elastic import goodput
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_ELASTIC_PARENT", raising=False)
+    monkeypatch.delenv(goodput.ENV_GRADSTATS_FILE, raising=False)
+    stats = GradStats(1.0, 1.0, 64)
+    assert not goodput.opt_in(init_batch=64, max_batch=128, max_local_batch=64)  # nowhere to write
+    path = str(tmp_path / "g.jsonl")
+    assert not goodput.publish_grad_stats(stats, nodes=1, gpus_per_node=1, local_batch=8, accum_steps=0,
+                                          compute_s=0.5, step_s=0.4, path=path)  # step shorter than compute
+    with pytest.raises(ValueError):
+        goodput.opt_in(init_batch=64, max_batch=128, max_local_batch=64, lr_rule="linear", path=path)
+
+
+def test_noise_estimator_recovers_the_statistics() -> None:
+    """Norms with the expectations of the model (|G_B|^2 = |G|^2 + S / B) give back |G|^2 and S exactly."""
+    true_sqr, per_sample_var = 2.0, 400.0
+    est = GradNoiseEstimator(init_batch=32)
+    assert est.stats() is None
+    for _ in range(5):
+        est.update(true_sqr + per_sample_var / 16, 16, true_sqr + per_sample_var / 64, 64)
+    stats = est.stats()
+    assert stats is not None
+    assert stats.grad_sqr == pytest.approx(true_sqr)
+    assert stats.grad_var == pytest.approx(per_sample_var / 32)
+    assert stats.noise_scale == pytest.approx(per_sample_var / true_sqr)
+    with pytest.raises(BatchModelError):
+        est.update(1.0, 64, 1.0, 64)
