@@ -57,6 +57,7 @@ class Bench:
     def __init__(self, nodes: int, gpus_per_node: int, scheduler: str = "backfill") -> None:
         self.nodes, self.gpus_per_node = nodes, gpus_per_node
         self.scheduler = scheduler  # the base scheduler of every table but "artifact": backfill (EASY) or greedy
+        self.moldable_start = False  # SimConfig.moldable_start for elastic runs (rigid baselines never mold)
         self._loaded: dict[tuple[str, int], tuple[Workload, dict[str, JobPerf]]] = {}
         self._baselines: dict[tuple[str, int, str], Metrics] = {}
         self.runs = 0
@@ -75,7 +76,8 @@ class Bench:
         if cfg is None and (wset, n, scheduler) in self._baselines:
             return self._baselines[(wset, n, scheduler)]
         workload, models = self._workload(wset, n)
-        sim = SimConfig(self.nodes, self.gpus_per_node, scheduler=scheduler)  # type: ignore[arg-type]
+        sim = SimConfig(self.nodes, self.gpus_per_node, scheduler=scheduler,  # type: ignore[arg-type]
+                        moldable_start=self.moldable_start)
         policy = ProductionPolicy(cfg, sim, settings) if cfg is not None else None
         start = time.perf_counter()
         metrics = summarize(simulate_one(workload, sim, models, policy=policy))

@@ -101,6 +101,8 @@ def main() -> int:
     parser.add_argument("--variant", type=_parse_variant, action="append", default=[],
                         help="'name:key=value,...' (TOML values); replaces the built-in grid")
     parser.add_argument("--bases", default="greedy,backfill", help="base schedulers: greedy, backfill (EASY)")
+    parser.add_argument("--moldable-start", action="store_true",
+                        help="elastic runs start waiting jobs on fewer nodes when that starts them now")
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     args = parser.parse_args()
@@ -108,6 +110,7 @@ def main() -> int:
     groups = {g for g in args.only.split(",") if g}
     variants = args.variant or [v for v in GRID if not groups or v[0] in groups]
     bench = Bench(args.nodes, args.gpus_per_node)
+    bench.moldable_start = args.moldable_start
     start = time.perf_counter()
     print(f"\nbase: {args.base.name}; workloads {args.workloads}; {args.nodes} x {args.gpus_per_node} GPUs; "
           "change against rigid on the same base; >4 h: jobs waiting over 4 h, elastic / rigid\n")

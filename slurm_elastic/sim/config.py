@@ -30,6 +30,11 @@ class SimConfig:
     walltime_factor: float = 1.0
     min_nodes: int = 1  # elastic bounds for jobs whose trace gives none
     max_nodes: int | None = None  # None: the whole cluster
+    # Moldable start (elastic runs only): a pending job that the base scheduler does not start and whose min is
+    # below its request starts now on the most whole nodes that are free (at least its min), as Slurm does for
+    # a job whose node count was reshaped to ``min-max`` while it waited (docs/slurm-facts.md); its time limit
+    # grows by request / size, as a shrink's does.
+    moldable_start: bool = False
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.gpus_per_node < 1:

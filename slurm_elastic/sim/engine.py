@@ -80,6 +80,7 @@ class JobRecord:
     max_gpus: int  # the model's limit
     gpus_seen: tuple[int, ...]  # every GPU count the job ran at, in order
     nodes_seen: tuple[int, ...]  # node counts after each resize (first entry: at start)
+    molded: bool = False  # started on fewer whole nodes than it asked for (SimConfig.moldable_start)
 
     @property
     def jct(self) -> float:
@@ -127,6 +128,7 @@ class _Job:
     last_resize: float | None = None
     gpus_seen: list[int] = field(default_factory=list)
     nodes_seen: list[int] = field(default_factory=list)
+    molded: bool = False
 
     def set_alloc(self, alloc: Allocation) -> None:
         self.alloc = alloc
@@ -372,15 +374,37 @@ class Simulation:
             return
         running = [j.running_view for j in self._running.values() if j.running_view is not None]
         chosen = plan(self.config.scheduler, self._pending_views, running, self.cluster.free_total, self.now)
-        if not chosen:
-            return
         for index in chosen:
             job = self._jobs[index]
             self._start(job, self.cluster.place(job.spec.num_gpus, self.config.placement))
         started = set(chosen)
+        if self.config.moldable_start and self.policy is not None:
+            started |= self._mold()
+        if not started:
+            return
         self._pending = [j for j in self._pending if j.index not in started]
         self._pending_views = [j.pending_view for j in self._pending]
         self._queue.append((self.now, len(self._pending)))
+
+    def _mold(self) -> set[int]:
+        """Moldable start: after the base scheduler, start waiting jobs (in priority order) that fit on fewer
+        whole nodes than they asked for, at least their min, on the most whole nodes that are free."""
+        started: set[int] = set()
+        g = self.cluster.gpus_per_node
+        for job in self._pending:
+            free_nodes = self.cluster.free_total // g
+            if free_nodes < 1:
+                break
+            if job.index in self._running or job.spec.num_gpus <= g or free_nodes < job.min_nodes:
+                continue
+            nodes = min(free_nodes, job.spec.num_gpus // g)
+            if nodes * g >= job.spec.num_gpus:
+                continue  # fits as asked: the base scheduler's call, not ours
+            job.time_limit *= job.spec.num_gpus / (nodes * g)
+            job.molded = True
+            self._start(job, self.cluster.place(nodes * g, self.config.placement))
+            started.add(job.index)
+        return started
 
     # ----------------------------------------------------------------- elastic hook
 
@@ -563,6 +587,7 @@ class Simulation:
                     max_gpus=job.perf.max_gpus,
                     gpus_seen=tuple(job.gpus_seen),
                     nodes_seen=tuple(job.nodes_seen),
+                    molded=job.molded,
                 )
             )
         return SimResult(

@@ -17,7 +17,8 @@ def check_invariants(result: SimResult, expected_jobs: int) -> list[str]:
     * GPUs held never exceed the cluster's at any instant;
     * submit <= first start <= completion for every job;
     * a job never ran above its model's GPU limit; every resize landed within the job's node bounds; a job
-      that was never resized ran once, at exactly the GPUs it asked for (rigid);
+      that was never resized ran once, at exactly the GPUs it asked for (rigid); a molded start is on whole
+      nodes, at least the job's min and fewer GPUs than it asked for;
     * the resize count of each job matches the applied resizes.
     """
     problems: list[str] = []
@@ -51,7 +52,13 @@ def check_invariants(result: SimResult, expected_jobs: int) -> list[str]:
             problems.append(
                 f"job {job.job_id} resized to {job.nodes_seen[1:]} nodes, bounds {job.min_nodes}..{job.max_nodes}"
             )
-        if job.resizes == 0 and job.gpus_seen != (job.requested_gpus,):
+        g = result.config.gpus_per_node
+        if job.molded:
+            start = job.gpus_seen[0] if job.gpus_seen else 0
+            if not (start % g == 0 and job.min_nodes * g <= start < job.requested_gpus):
+                problems.append(f"molded job {job.job_id} started at {start} GPUs, asked {job.requested_gpus}, "
+                                f"min {job.min_nodes} nodes")
+        elif job.resizes == 0 and job.gpus_seen != (job.requested_gpus,):
             problems.append(f"rigid job {job.job_id} ran at {job.gpus_seen} GPUs, asked {job.requested_gpus}")
         if job.resizes != applied.get(job.job_id, 0) or len(job.gpus_seen) != job.resizes + 1:
             problems.append(f"job {job.job_id}: {job.resizes} resizes recorded, {applied.get(job.job_id, 0)} applied")

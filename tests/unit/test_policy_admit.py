@@ -259,3 +259,20 @@ def test_a_recent_victim_is_spared_for_admit_victim_interval_s() -> None:
     assert d.action is Action.HOLD  # shrunk to admit 1000 s ago: spared until 1800 s have passed
     d = _run([u], _busy("n1", "n2", "n3", "n4"), pend, history=history, admit_victim_interval_s=900)[100]
     assert d.action is Action.SHRINK
+
+
+def test_admit_keep_percent_bounds_how_far_one_victim_is_shrunk() -> None:
+    names = ("n1", "n2", "n3", "n4", "n5", "n6", "n7", "n8")
+    u = replace(unit(job(100, nodes=names, priority=10), max_nodes=8), requested_nodes=8)
+    pend = [pending(900, count=6, priority=100)]
+    d = _run([u], _busy(*names), pend)[100]
+    assert (d.action, d.target_nodes) == (Action.SHRINK, 2)  # down to its min (1) would do; 6 taken
+    # Keeping half of its requested 8 nodes, it has 4 to give: not enough for 6, so nothing is taken.
+    d = _run([u], _busy(*names), pend, admit_keep_percent=50)[100]
+    assert d.action is Action.HOLD and d.inputs["admit_floor"] == 4
+    d = _run([u], _busy(*names), [pending(900, count=3, priority=100)], admit_keep_percent=50)[100]
+    assert (d.action, d.reason, d.target_nodes) == (Action.SHRINK, Reason.SHRINK_TO_ADMIT, 5)
+    # At its floor already (5 of 8 at 60%, rounded up): no longer a victim.
+    at_floor = replace(unit(job(100, nodes=names[:5], priority=10), max_nodes=8), requested_nodes=8)
+    d = _run([at_floor], _busy(*names[:5]), [pending(900, count=1, priority=100)], admit_keep_percent=60)[100]
+    assert d.action is Action.HOLD

@@ -200,3 +200,30 @@ def test_compare_runs_the_elastic_mode_on_the_same_seeded_models() -> None:
     # Parametric jobs run their trace duration at their trace size (+ the 30 s start cost) when placed packed.
     a = next(r for r in result.baseline.jobs if r.job_id == "a")
     assert a.end_time - a.start_time == pytest.approx(3630.0)
+
+
+def test_moldable_start_starts_a_waiting_job_now_on_the_free_whole_nodes() -> None:
+    # Three 4-GPU nodes; A holds one for long. B asks for 3 nodes: rigid it waits for A, moldable it starts at
+    # once on the 2 free nodes, with its time limit scaled by 3/2; C (one node) then waits for B or A.
+    specs = [("A", 0.0, 4, 5000.0), ("B", 10.0, 12, 1200.0), ("C", 20.0, 4, 100.0)]
+    rigid = _run(SimConfig(3, 4, scheduler="fifo", start_delay=0.0), specs, ScriptedPolicy({}))
+    assert _starts(rigid)["B"] == 5100.0  # A ends at 5060, the next cycle is at 5100
+    config = SimConfig(3, 4, scheduler="fifo", start_delay=0.0, moldable_start=True)
+    policy = ScriptedPolicy({})
+    molded = _run(config, specs, policy)
+    b = next(r for r in molded.jobs if r.job_id == "B")
+    assert (b.start_time, b.gpus_seen, b.nodes_seen, b.molded) == (60.0, (8,), (2,), True)
+    assert b.end_time == pytest.approx(60 + 1800)  # linear scaling: 2/3 of the speed
+    views = {s.now: {j.job_id: j for j in s.jobs} for s in policy.snapshots}
+    assert views[120.0]["B"].time_limit == pytest.approx(1.5 * 1200)
+    assert _starts(molded)["C"] > 60.0
+    # Without a policy (rigid runs) nothing is molded, whatever the setting.
+    assert _starts(_run(config, specs))["B"] > 5000.0
+
+
+def test_invariants_reject_a_molded_start_at_or_above_the_request() -> None:
+    config = SimConfig(3, 4, scheduler="fifo", start_delay=0.0, moldable_start=True)
+    result = _run(config, [("A", 0.0, 4, 5000.0), ("B", 10.0, 12, 1200.0)], ScriptedPolicy({}))
+    b = next(r for r in result.jobs if r.job_id == "B")
+    bad = replace(result, jobs=tuple(replace(r, gpus_seen=(12,)) if r is b else r for r in result.jobs))
+    assert any("molded job B" in p for p in check_invariants(bad, 2))
