@@ -5,7 +5,8 @@ Every elastic run calls the production policy (``slurm_elastic.policy.decide``) 
 same seeded models. Prints Markdown.
 
     .venv/bin/python bench/sim_elastic.py [--table main|sets|defaults|rules|rules-defaults|artifact|limits|all]
-        [--policy bench/sim-policy.toml] [--workloads 1-8] [--rules speedup_growth,...] [--nodes 16] [--gpus-per-node 4]
+        [--policy bench/sim-policy.toml] [--workloads 1-8] [--rules speedup_growth,...] [--moldable-start]
+        [--nodes 16] [--gpus-per-node 4]
 
 One row of ``main`` is also one CLI call:
 ``slurm-elastic simulate traces/pollux/workloads/workload-N.csv --format pollux --nodes 16
@@ -186,6 +187,8 @@ def main() -> int:
                         help="base scheduler of rigid and elastic: EASY backfill or FIFO + greedy backfill")
     parser.add_argument("--rules", default="", help="--table rules/rules-defaults: only these comma-separated "
                         f"rules ({', '.join(r[0] for r in RULES)}), without the 'all on' column")
+    parser.add_argument("--moldable-start", action="store_true",
+                        help="elastic runs start waiting jobs on fewer whole nodes when that starts them now")
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--gpus-per-node", type=int, default=4)
     args = parser.parse_args()
@@ -196,6 +199,7 @@ def main() -> int:
     base = tomllib.loads(args.policy.read_text(encoding="utf-8"))
     cfg = config_from_mapping(base, str(args.policy))
     bench = Bench(args.nodes, args.gpus_per_node, args.scheduler)
+    bench.moldable_start = args.moldable_start
     steps: list[tuple[str, Callable[[], None]]] = [
         ("main", lambda: table_compare(bench, "workloads", args.workloads, cfg,
                                        f"Rigid vs elastic ({args.policy.name})")),
