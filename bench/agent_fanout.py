@@ -12,9 +12,15 @@ on its own loopback port, serving the JSON of a realistic report (8 GPUs, 2 jobs
 * **serial estimate**: one signed, validated fetch of one agent at a time (median of ``--single`` fetches)
   times the number of agents: what a controller asking agents one after the other would take.
 
+``--auth munge`` runs the same with MUNGE authentication (SE-MUNGE: a credential per request made by the
+controller side, decoded by each agent, and one per answer made by the agent and decoded by the controller side,
+all through the munged on ``--munge-socket``, as this process's uid); compare its ``x raw GET`` with a default
+run's to get the cost of MUNGE over the shared key.
+
 Target: at most 3 s per collection cycle. Loopback only; every loop is bounded in count and time.
 
     .venv/bin/python bench/agent_fanout.py [--agents 2000] [--servers 3] [--cycles 3] [--concurrency 64]
+        [--auth hmac|munge] [--munge-socket /run/munge/munge.socket.2]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import queue
 import secrets
 import statistics
@@ -37,9 +44,11 @@ sys.path.insert(0, str(ROOT))
 
 from slurm_elastic.agent.aggregate import JobHistory  # noqa: E402
 from slurm_elastic.agent.attribution import attribute  # noqa: E402
-from slurm_elastic.agent.auth import RequestVerifier  # noqa: E402
+from slurm_elastic.agent.auth import ClientAuth, HmacClientAuth, RequestVerifier, Verifier  # noqa: E402
 from slurm_elastic.agent.client import AgentClient  # noqa: E402
 from slurm_elastic.agent.model import DeviceReading, GpuAllocation, JobRef, ProcessReading  # noqa: E402
+from slurm_elastic.agent.munge import Munge  # noqa: E402
+from slurm_elastic.agent.munge_auth import MungeClientAuth, MungeRequestVerifier  # noqa: E402
 from slurm_elastic.agent.payload import NodeReport, NvmlInfo, to_json_bytes  # noqa: E402
 from slurm_elastic.agent.server import AgentApp  # noqa: E402
 from slurm_elastic.controller.collect import collect  # noqa: E402
@@ -89,15 +98,26 @@ class _StubSampler:
         return self._report
 
 
-async def _serve(shard: int, indices: list[int], key: bytes, ports: mp.Queue[tuple[int, list[int]] | str],  # type: ignore[type-arg]
-                 stop: mp.Event) -> None:
+def _verifier(key: bytes, munge_socket: str | None) -> Verifier:
+    """The shared key's check, or MUNGE's (the controller side runs as our uid too)."""
+    if munge_socket is None:
+        return RequestVerifier(key)
+    return MungeRequestVerifier(Munge(munge_socket), os.geteuid())
+
+
+def _client_auth(key: bytes, munge_socket: str | None) -> ClientAuth:
+    return HmacClientAuth(key) if munge_socket is None else MungeClientAuth(Munge(munge_socket), os.geteuid())
+
+
+async def _serve(shard: int, indices: list[int], secret: tuple[bytes, str | None],
+                 ports: mp.Queue[tuple[int, list[int]] | str], stop: mp.Event) -> None:  # type: ignore[type-arg]
     runners: list[web.AppRunner] = []
     bound: list[int] = []
     now = time.time()
     try:
         for index in indices:
             sampler = _StubSampler(node_report(index, now))
-            app = AgentApp(sampler, RequestVerifier(key)).build()  # type: ignore[arg-type]
+            app = AgentApp(sampler, _verifier(*secret)).build()  # type: ignore[arg-type]
             body = sampler.latest()[1] or b""
 
             async def raw(_: web.Request, body: bytes = body) -> web.Response:
@@ -119,10 +139,10 @@ async def _serve(shard: int, indices: list[int], key: bytes, ports: mp.Queue[tup
             await runner.cleanup()
 
 
-def _server_main(shard: int, indices: list[int], key: bytes, ports: mp.Queue[tuple[int, list[int]] | str],  # type: ignore[type-arg]
-                 stop: mp.Event) -> None:
+def _server_main(shard: int, indices: list[int], secret: tuple[bytes, str | None],
+                 ports: mp.Queue[tuple[int, list[int]] | str], stop: mp.Event) -> None:  # type: ignore[type-arg]
     try:
-        asyncio.run(_serve(shard, indices, key, ports, stop))
+        asyncio.run(_serve(shard, indices, secret, ports, stop))
     except Exception as exc:  # report, so the parent does not wait for ports that never come
         ports.put(f"server failed: {type(exc).__name__}: {exc}")
 
@@ -137,10 +157,10 @@ async def _raw_cycle(urls: list[str], concurrency: int) -> tuple[int, int]:
     return len(sizes), sum(sizes)
 
 
-async def _single(url: str, key: bytes, count: int) -> list[float]:
+async def _single(url: str, auth: ClientAuth, count: int) -> list[float]:
     times: list[float] = []
     for _ in range(count):
-        async with AgentClient(key) as client:  # a fresh connection, as one agent of a cycle gets
+        async with AgentClient(auth) as client:  # a fresh connection, as one agent of a cycle gets
             start = time.perf_counter()
             await client.fetch(url)
             times.append(time.perf_counter() - start)
@@ -160,16 +180,20 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--single", type=int, default=50)
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--auth", choices=("hmac", "munge"), default="hmac")
+    ap.add_argument("--munge-socket", default="/run/munge/munge.socket.2")
     args = ap.parse_args()
     n_agents = max(1, min(args.agents, 10_000))
     n_servers = max(1, min(args.servers, 16))
     cycles = max(1, min(args.cycles, 20))
     key = secrets.token_bytes(32)
+    munge_socket = args.munge_socket if args.auth == "munge" else None
+    auth = _client_auth(key, munge_socket)
     ctx = mp.get_context("spawn")
     ports_q: mp.Queue[tuple[int, list[int]] | str] = ctx.Queue()
     stop = ctx.Event()
     shards = [list(range(i, n_agents, n_servers)) for i in range(n_servers)]
-    procs = [ctx.Process(target=_server_main, args=(i, shard, key, ports_q, stop), daemon=True)
+    procs = [ctx.Process(target=_server_main, args=(i, shard, (key, munge_socket), ports_q, stop), daemon=True)
              for i, shard in enumerate(shards)]
     setup0 = time.perf_counter()
     for p in procs:
@@ -186,9 +210,9 @@ def main() -> int:
                 agents[f"node{index:05d}"] = f"http://{HOST}:{port}"
         agents = dict(sorted(agents.items()))
         print(f"{len(agents)} agents on {n_servers} server processes, ready in {time.perf_counter() - setup0:.1f} s; "
-              f"{cycles} cycles, concurrency {args.concurrency}")
+              f"{cycles} cycles, concurrency {args.concurrency}, auth {auth.scheme}")
         urls = list(agents.values())
-        single = asyncio.run(asyncio.wait_for(_single(urls[0], key, max(1, min(args.single, 1000))),
+        single = asyncio.run(asyncio.wait_for(_single(urls[0], auth, max(1, min(args.single, 1000))),
                                               CYCLE_TIMEOUT_S))
         rows: dict[str, list[tuple[float, float]]] = {"raw GET": [], "collect": []}
         bad = 0
@@ -199,7 +223,7 @@ def main() -> int:
             rows["raw GET"].append((wall, cpu))
             body_bytes = got_raw[1]  # type: ignore[index]
             print(f"  raw GET {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
-            wall, cpu, res = _timed(collect(agents, key, timeout_s=10.0), limit_s)
+            wall, cpu, res = _timed(collect(agents, auth, timeout_s=10.0), limit_s)
             print(f"  collect {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
             rows["collect"].append((wall, cpu))
             bad += len(res.errors)  # type: ignore[attr-defined]
