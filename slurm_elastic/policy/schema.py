@@ -178,11 +178,11 @@ KEYS: tuple[KeyDef, ...] = (
            "its utilization band says; spare nodes go to the largest saving first (SPEEDUP_GAIN, "
            "LOW_SPEEDUP_GAIN)"),
     # --- serving units (#ELASTIC --serving; docs/serving.md) ---------------------------------------------------
-    KeyDef("serving_risk_percent", Kind.PERCENT, 80, 1, 100, ALL_SCOPES,
+    KeyDef("serving_risk_percent", Kind.PERCENT, 90, 1, 100, ALL_SCOPES,
            "serving: the SLO is at risk (scale out at once, SLO_AT_RISK) when the p99 latency of the short window "
            "is above this percent of --slo-p99, or the requests per replica above this percent of "
            "--target-rps-per-replica"),
-    KeyDef("serving_headroom_percent", Kind.PERCENT, 50, 1, 99, ALL_SCOPES,
+    KeyDef("serving_headroom_percent", Kind.PERCENT, 70, 1, 99, ALL_SCOPES,
            "serving: scale in (SLO_HEADROOM) only when, over the whole long window, the p99 latency stayed below "
            "this percent of the SLO and the load would stay below this percent of one replica fewer's capacity"),
     KeyDef("serving_up_window_s", Kind.DURATION, 60, 10, 3600, ALL_SCOPES,
