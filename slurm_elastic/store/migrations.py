@@ -33,7 +33,7 @@ from slurm_elastic.store.errors import (
 )
 from slurm_elastic.store.models import Models
 
-CURRENT_SCHEMA_VERSION = 3
+CURRENT_SCHEMA_VERSION = 4
 
 Migration = Callable[[Connection, Models], None]
 
@@ -66,8 +66,16 @@ def _add_lease_holder_process(conn: Connection, models: Models) -> None:
             op_add_column(conn, table, column)
 
 
+def _add_serving_demand(conn: Connection, models: Models) -> None:
+    """3 -> 4: ``serving_demand``, the demand history of serving units (docs/serving.md, the forecast). A new
+    table: created only when missing, so it runs again harmlessly."""
+    table = models.demand.__table__  # type: ignore[attr-defined]
+    table.create(conn, checkfirst=True)
+
+
 # N -> the function taking schema N to N+1.
-MIGRATIONS: Mapping[int, Migration] = {1: _add_time_limit_added, 2: _add_lease_holder_process}
+MIGRATIONS: Mapping[int, Migration] = {1: _add_time_limit_added, 2: _add_lease_holder_process,
+                                       3: _add_serving_demand}
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,23 @@ class SampleColumns(_Row):
         return (Index(None, "job_id", "time"),)
 
 
+class DemandColumns(_Row):
+    """A serving unit's demand per slot (the peak requests/s it published in the slot), kept per service (user and
+    job name) so that a resubmitted service keeps its history; the seasonal forecast learns from it."""
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    service: Mapped[str] = mapped_column(String(NAME))
+    job_id: Mapped[int] = mapped_column(JobId)
+    slot: Mapped[datetime] = mapped_column(UtcDateTime)
+    requests_per_s: Mapped[float] = mapped_column(Double)
+    p99_ms: Mapped[float | None] = mapped_column(Double, nullable=True)
+    replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[Any, ...]:
+        return (Index(None, "service", "slot"),)
+
+
 class PolicyVersionColumns(_Row):
     version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     toml_text: Mapped[str] = mapped_column(LongText)
@@ -246,6 +263,7 @@ class Models:
     pause: type[PauseColumns]
     lease: type[LeaseColumns]
     agent: type[AgentColumns]
+    demand: type[DemandColumns]
 
     def table_names(self) -> list[str]:
         return sorted(self.metadata.tables)
@@ -310,6 +328,10 @@ def models_for(prefix: str = "") -> Models:
         __tablename__ = f"{p}agents"
         __table_prefix__ = p
 
+    class Demand(DemandColumns, Base):
+        __tablename__ = f"{p}serving_demand"
+        __table_prefix__ = p
+
     return Models(
         prefix=p,
         metadata=Base.metadata,
@@ -324,4 +346,5 @@ def models_for(prefix: str = "") -> Models:
         pause=Pause,
         lease=Lease,
         agent=Agent,
+        demand=Demand,
     )

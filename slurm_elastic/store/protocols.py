@@ -19,6 +19,7 @@ from slurm_elastic.store.records import (
     DecisionCount,
     DecisionFilter,
     DecisionRecord,
+    DemandRecord,
     ElasticJobRecord,
     ExtensionRecord,
     FencingToken,
@@ -106,6 +107,11 @@ class SampleStore(Protocol):
                 limit: int | None = None) -> list[SampleRecord]: ...
 
 
+class DemandStore(Protocol):
+    def add_demand(self, rec: DemandRecord) -> None: ...
+    def demand(self, service: str, since: datetime | None = None) -> list[DemandRecord]: ...
+
+
 class PolicyStore(Protocol):
     def add_policy(self, toml_text: str, *, author: str, comment: str = "",
                    rollback_of: int | None = None) -> PolicyVersionRecord: ...
@@ -170,4 +176,6 @@ class ControllerStore(ActuatorStore, Protocol):
     def agents(self) -> AgentStore: ...
     @property
     def retention(self) -> RetentionStore: ...
+    @property
+    def demand(self) -> DemandStore: ...
     def now(self) -> datetime: ...

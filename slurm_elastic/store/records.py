@@ -287,6 +287,18 @@ class SampleRecord:
 
 
 @dataclass(frozen=True)
+class DemandRecord:
+    """One slot of a serving unit's demand history (``service``: ``user/job name``)."""
+
+    service: str
+    job_id: int
+    slot: datetime
+    requests_per_s: float
+    p99_ms: float | None = None
+    replicas: int | None = None
+
+
+@dataclass(frozen=True)
 class PolicyVersionRecord:
     version: int
     toml_text: str

@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 from slurm_elastic.store.agents_sql import SqlAgents
 from slurm_elastic.store.database import Clock, Database, utc_now
 from slurm_elastic.store.decisions_sql import SqlDecisions
+from slurm_elastic.store.demand_sql import SqlDemand
 from slurm_elastic.store.engine import DEFAULT_BUSY_TIMEOUT_MS, DEFAULT_DB_URL, make_engine, parse_url
 from slurm_elastic.store.jobs_sql import SqlJobs
 from slurm_elastic.store.journal_sql import DEFAULT_MAX_ATTEMPTS, SqlJournal
@@ -68,6 +69,7 @@ class SqlStore:
         self.lease = SqlLease(self.db)
         self.agents = SqlAgents(self.db)
         self.retention = SqlRetention(self.db)
+        self.demand = SqlDemand(self.db)
 
     @classmethod
     def open(

@@ -274,7 +274,7 @@ def test_schema_2_to_3_and_take_over_on_mariadb(stores: tuple[SqlStore, SqlStore
         for column in ("holder_host", "holder_pid", "holder_scope", "holder_start", "stale_after_s"):
             conn.execute(text(f"ALTER TABLE {prefix}lease DROP COLUMN {column}"))
         conn.execute(text(f"UPDATE {prefix}schema_version SET version = 2"))
-    report = a.ensure_schema(upgrade=True)
+    report = a.ensure_schema(upgrade=True, target=3)
     assert report.applied == (2,) and a.schema_version() == 3
     with a.db.engine.begin() as conn:
         MIGRATIONS[2](conn, a.db.models)  # already there: nothing happens

@@ -213,7 +213,7 @@ def test_schema_2_to_3_records_the_lease_holder_process_and_keeps_the_old_lease(
     with pytest.raises(SchemaOutdatedError, match="version 2"):
         open_file(tmp_path / "s.db")
     st = open_file(tmp_path / "s.db", upgrade=True)
-    assert st.schema_version() == 3
+    assert st.schema_version() == CURRENT_SCHEMA_VERSION  # 2 -> 3, then 3 -> 4
     assert set(LEASE_PROCESS_COLUMNS) <= {c["name"] for c in inspect(st.db.engine).get_columns("lease")}
     old = st.lease.get()
     assert old is not None and old.holder == "old:1" and old.process is None and old.stale_after is None
@@ -221,3 +221,27 @@ def test_schema_2_to_3_records_the_lease_holder_process_and_keeps_the_old_lease(
         MIGRATIONS[2](conn, st.db.models)  # runs again harmlessly (MySQL commits DDL at once)
     st.close()
 
+
+
+def test_serving_demand_table_comes_with_the_upgrade_from_3(tmp_path: Path) -> None:
+    """A version-3 database (no serving_demand table) gets it from the 3 -> 4 step, and the store can use it."""
+    from datetime import UTC, datetime
+
+    from slurm_elastic.store.records import DemandRecord
+
+    st = open_file(tmp_path / "s.db")
+    with st.db.engine.begin() as conn:
+        conn.execute(text("DROP TABLE serving_demand"))
+    set_version(st, 3)
+    st.close()
+    with pytest.raises(SchemaOutdatedError):
+        open_file(tmp_path / "s.db")
+    up = open_file(tmp_path / "s.db", upgrade=True)
+    assert up.schema_version() == CURRENT_SCHEMA_VERSION == 4
+    assert "serving_demand" in set(inspect(up.db.engine).get_table_names())
+    slot = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
+    up.demand.add_demand(DemandRecord("alice/serve", 7, slot, 120.5, p99_ms=31.0, replicas=2))
+    up.demand.add_demand(DemandRecord("alice/serve", 8, slot, 999.0))  # the same slot again: kept as it was
+    assert up.demand.demand("alice/serve") == [DemandRecord("alice/serve", 7, slot, 120.5, 31.0, 2)]
+    assert up.demand.demand("bob/serve") == []
+    up.close()
