@@ -32,6 +32,7 @@ from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.controller.ports import AgentCollector, Clock, ControllerStore, SlurmControl
 from slurm_elastic.controller.progress import journal_since, with_progress
+from slurm_elastic.controller.serving import ServingReader
 from slurm_elastic.controller.shares import AccountingCache
 from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units
 from slurm_elastic.errors import ConfigError
@@ -49,7 +50,7 @@ from slurm_elastic.policy import (
 )
 from slurm_elastic.policy.holds import LOOKBACK_S as BACKOFF_LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, UnitMeasure
-from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
+from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd, ServingLoad
 from slurm_elastic.slurm.adapter import FinalStateReader
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
@@ -107,6 +108,7 @@ class Controller:
         self._sacct_failing = False
         self.accounting = AccountingCache(slurm, cfg.accounting_refresh_s)  # sshare weights, Slurm GPU limits
         self.goodput = GoodputReader(StoreJournal(store))  # jobs' published throughput (docs/goodput.md)
+        self.serving = ServingReader(store.demand)  # serving units' load and latency (docs/serving.md)
         self._last_sample: dict[int, datetime] = {}
         self._slurm_down_since: float | None = None
         self._token: FencingToken | None = None
@@ -224,6 +226,7 @@ class Controller:
         policy = with_paused_jobs(self.policy, paused_units(built.units, self.store.pauses.list_pauses()))
         builder = PolicyInputBuilder(policy, now, self.cfg.interval_s)
         samples, measures = self._measure(snap, built.units, builder)
+        serving = self._serving_loads(built.units, builder)
         history = self._history(recent, units) + self.losses.history(units, now)
         since = journal_since(built.units, now, timedelta(days=1))  # a unit that started before the day read above
         lives = history if since is None else (self._history(self.store.journal.list_actions(since=since), units)
@@ -232,7 +235,8 @@ class Controller:
             snap, with_progress(built.units, lives, now), samples=samples, measures=measures, history=history,
             in_progress=[ActionInProgress(unit_id, str(a.kind), a.created_at) for unit_id, a in open_by_unit.items()],
             extension_ends=self._extension_ends(now), account_shares=self.accounting.shares(),
-            gpu_limits=self.accounting.gpu_limits(), extension_qos=self.cfg.extension_qos or None)
+            gpu_limits=self.accounting.gpu_limits(), extension_qos=self.cfg.extension_qos or None,
+            serving=serving)
         with gc_paused():  # pure, leaves no cyclic garbage; GC would only rescan the snapshot
             decisions = decide(inp, policy, now)
         summary.decisions = decisions
@@ -361,6 +365,17 @@ class Controller:
                 measures[u.unit_id] = replace(measures[u.unit_id], throughput=found.samples,
                                               restart_s=found.restart_s)
         return samples, measures
+
+    def _serving_loads(self, units: Sequence[ElasticUnit], builder: PolicyInputBuilder) -> dict[int, ServingLoad]:
+        """What the serving units published over their long window, with their demand forecast."""
+        loads: dict[int, ServingLoad] = {}
+        for u in units:
+            since = builder.reads(u).serving_since
+            if since is not None and (found := self.serving.read_unit(u, builder.settings(u), builder.now,
+                                                                       since)) is not None:
+                loads[u.unit_id] = found
+        self.serving.forget([u for u in units if u.spec.serving])
+        return loads
 
     def _extension_ends(self, now: datetime) -> list[ExtensionEnd]:
         """The extension jobs that ended within the grow back-off's look-back (policy/holds.py)."""

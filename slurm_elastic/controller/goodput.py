@@ -39,10 +39,10 @@ import pwd
 import stat
 import statistics
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from slurm_elastic.goodput import DIR_NAME
 from slurm_elastic.policy import ElasticUnit, JobUtilization, ThroughputSample
@@ -127,7 +127,7 @@ class FileState:
     size: int
     mtime_ns: int
     offset: int  # bytes consumed: the end of the last complete line read
-    reports: deque[Report] = field(default_factory=lambda: deque(maxlen=MAX_REPORTS))
+    reports: deque[Any] = field(default_factory=lambda: deque(maxlen=MAX_REPORTS))  # Report, or the parser's
     bad_lines: int = 0
 
 
@@ -141,8 +141,10 @@ def _refuse_unless_ours(st: os.stat_result, uid: int) -> None:
 
 
 def read_file(path: str, uid: int, state: FileState | None, *, now: float,
-              max_read: int = MAX_READ) -> FileState | None:
-    """Bring ``state`` up to date with the file at ``path``; None when there is no file.
+              max_read: int = MAX_READ, parse: Callable[..., tuple[list[Any], int]] | None = None,
+              ) -> FileState | None:
+    """Bring ``state`` up to date with the file at ``path``; None when there is no file. ``parse`` turns complete
+    lines into reports (default :func:`parse_lines`; the serving reader passes its own).
 
     Raises :class:`Refused` for a file the controller must not read, OSError for other failures.
     """
@@ -189,7 +191,7 @@ def read_file(path: str, uid: int, state: FileState | None, *, now: float,
         start = st.st_size - len(data)
     end = data.rfind(b"\n")
     complete = data[:end + 1] if end >= 0 else b""
-    reports, bad = parse_lines(complete, now=now)
+    reports, bad = (parse or parse_lines)(complete, now=now)
     state.reports.extend(reports)
     state.bad_lines += bad
     state.offset = start + len(complete)
