@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from slurm_elastic.slurm.model import GresCount, Node
@@ -93,6 +93,21 @@ def add_gres(free: FreeGres, need: Need) -> FreeGres:
     return tuple(sorted(table.items(), key=_gres_sort))
 
 
+#: Flags of a node Slurm is switching off (or was asked to): never grown onto, whatever else it says.
+_POWERING_DOWN_FLAGS = frozenset({"POWERING_DOWN", "POWER_DOWN"})
+#: Flags that rule a powered-down node out as capacity (the resume would not give a usable node).
+_NOT_RESUMABLE_FLAGS = frozenset({"DRAIN", "FAIL", "MAINTENANCE", "RESERVED", "REBOOT_REQUESTED",
+                                  "REBOOT_ISSUED", "POWERING_UP", *_POWERING_DOWN_FLAGS})
+
+
+def is_resumable_node(node: Node) -> bool:
+    """A node Slurm's power saving switched off (IDLE + POWERED_DOWN, as ``sinfo`` shows ``idle~``) that Slurm
+    would resume for a job naming it: capacity with a resume cost (power_resume). A node powering down, drained
+    or down is not."""
+    return (node.state == "IDLE" and "POWERED_DOWN" in node.state_flags
+            and not _NOT_RESUMABLE_FLAGS.intersection(node.state_flags))
+
+
 def is_free_node(node: Node) -> bool:
     if not node.is_available or _NOT_FREE_FLAGS.intersection(node.state_flags):
         return False
@@ -118,7 +133,8 @@ class _Class:
 class NodePool:
     """Mutable pool for one decide() call. Not shared, never returned."""
 
-    def __init__(self, nodes: Sequence[Node], exclude: frozenset[str] = frozenset()) -> None:
+    def __init__(self, nodes: Sequence[Node], exclude: frozenset[str] = frozenset(),
+                 select: Callable[[Node], bool] = is_free_node) -> None:
         self.status: dict[str, Status] = {}
         self.partitions_of: dict[str, tuple[str, ...]] = {}
         self.class_of: dict[str, FreeGres] = {}
@@ -129,7 +145,7 @@ class NodePool:
         self._fit_cache: dict[tuple[FreeGres, Need], bool] = {}
         self._order: dict[str, list[_Class]] = {}
         for node in sorted(nodes, key=lambda n: natural_key(n.name)):
-            if node.name in exclude or not is_free_node(node) or node.name in self.status:
+            if node.name in exclude or not select(node) or node.name in self.status:
                 continue
             cls = free_gres(node)
             self.status[node.name] = Status.FREE
@@ -178,6 +194,16 @@ class NodePool:
             self._counts[key] = self._counts.get(key, 0) + 1
             if old is Status.FREE:
                 self._free_in_part[part] -= 1
+
+    def peek(self, partition: str, need: Need, count: int) -> list[str]:
+        """The up to ``count`` FREE nodes that fit ``need`` that :meth:`take` would mark (no reserve), unmarked."""
+        out: list[str] = []
+        for cls in self._order.get(partition, ()):
+            if len(out) >= count:
+                break
+            if self._fits(cls.free, need):
+                out.extend(n for n in cls.names[cls.start:] if self.status[n] is Status.FREE)
+        return out[:count]
 
     def take(
         self,

@@ -218,6 +218,10 @@ class PolicyConfig:
     def admit_backoff_s(self) -> int:
         return cast(int, self.resolve("admit_backoff_s").value)
 
+    @property
+    def power_resume_backoff_s(self) -> int:
+        return cast(int, self.resolve("power_resume_backoff_s").value)
+
 
 @dataclass(frozen=True)
 class UnitSettings:
@@ -253,6 +257,8 @@ class UnitSettings:
     growth_cap_percent: int
     restart_cost_aware: bool
     restart_cost_s: int
+    power_resume: bool
+    power_resume_s: int
     goodput: bool
     goodput_min_marginal_efficiency: float
     speedup_growth: bool

@@ -167,7 +167,7 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
             nodes=tuple(w.granted), partition=job.partition, gres_per_node=job.gres_per_node,
             tres_per_node=job.tres_per_node, user=job.user, account=job.account, qos=job.qos,
             time_limit_s=None if remaining is None else max(0, int(remaining) - sub_s),
-            time_limit_sub_s=sub_s,
+            time_limit_sub_s=sub_s, resume_nodes=tuple(w.resumed),
         )
         return make(Action.GROW, w.current + len(w.granted), w.reason, w.message + give_back, w.basis, grow=grow)
     if w.action is Action.GROW:  # refused by the walk

@@ -257,6 +257,18 @@ class ExtensionEnd:
 
 
 @dataclass(frozen=True)
+class PowerState:
+    """What the shell knows of Slurm's power saving: ``resume_s`` per node (the measured time from a resume
+    request to the node being IDLE, from the nodes' history; docs/power-saving.md), Slurm's ``ResumeTimeout``
+    (bounds every estimate; None: unknown) and ``resume_failed`` (node -> when its last resume failed: not
+    grown onto for power_resume_backoff_s)."""
+
+    resume_s: Mapping[str, float] = field(default_factory=dict, hash=False)
+    resume_timeout_s: float | None = None
+    resume_failed: Mapping[str, datetime] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
 class PolicyInput:
     """Everything ``decide`` looks at besides the config and the time.
 
@@ -283,6 +295,8 @@ class PolicyInput:
     extension_ends: tuple[ExtensionEnd, ...] = ()
     #: Serving units' published load and forecast, by unit id (policy/serving.py).
     serving: Mapping[int, ServingLoad] = field(default_factory=dict, hash=False)
+    #: Slurm power saving: resume times, ResumeTimeout, failed resumes (powered-down nodes as capacity).
+    power: PowerState = field(default_factory=PowerState)
 
 
 @dataclass(frozen=True)
@@ -307,8 +321,12 @@ class GrowPlan:
     time_limit_s: int | None
     extension_jobs: int = 1
     time_limit_sub_s: int = 0
+    #: the powered-down ones among ``nodes``: Slurm resumes them for the extension job (power_resume)
+    resume_nodes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
+        # resume_nodes only when there are some: grows onto powered-on nodes keep their stored form
+        extra: dict[str, Any] = {"resume_nodes": list(self.resume_nodes)} if self.resume_nodes else {}
         return {
             "nodes": list(self.nodes),
             "partition": self.partition,
@@ -320,7 +338,7 @@ class GrowPlan:
             "time_limit_s": self.time_limit_s,
             "extension_jobs": self.extension_jobs,
             "time_limit_sub_s": self.time_limit_sub_s,
-        }
+        } | extra
 
 
 @dataclass(frozen=True)

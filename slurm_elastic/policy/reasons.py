@@ -86,10 +86,13 @@ class Reason(enum.StrEnum):
     # the shell's state: an unfinished action, extension jobs that die on their own (policy/holds.py)
     ACTION_IN_PROGRESS = "ACTION_IN_PROGRESS"
     GROW_BACKOFF = "GROW_BACKOFF"
+    # Slurm power saving: growing onto powered-down nodes (policy/walk.py), a resume that failed (the shell)
+    POWER_RESUME_COST = "POWER_RESUME_COST"
+    RESUME_FAILED = "RESUME_FAILED"
 
 
 #: Reasons the controller's shell records (controller/losses.py) and ``decide()`` never returns.
-SHELL_REASONS = frozenset({Reason.PREEMPTED_BY_SLURM, Reason.NODE_FAILURE})
+SHELL_REASONS = frozenset({Reason.PREEMPTED_BY_SLURM, Reason.NODE_FAILURE, Reason.RESUME_FAILED})
 
 #: One line per reason, for docs/policy.md and ``explain --reasons``.
 REASON_DOCS: dict[Reason, str] = {
@@ -157,6 +160,11 @@ REASON_DOCS: dict[Reason, str] = {
     "(e.g. a shrink in its grace period)",
     Reason.GROW_BACKOFF: "hold: would grow, but extension jobs of the unit ended on their own within 600 s of "
     "submission: 60 s after the last one, doubling per such end in the last hour (at most 1 h)",
+    Reason.POWER_RESUME_COST: "hold: would grow, no powered-on free node fits, and the expected gain over the "
+    "remaining time does not pay for resuming powered-down nodes plus a restart (power_resume)",
+    Reason.RESUME_FAILED: "hold, recorded by the controller: an extension job's powered-down node did not come "
+    "back within ResumeTimeout; the extension job is cancelled, the unit keeps its size and the node is not "
+    "grown onto for power_resume_backoff_s",
 }
 
 

@@ -166,6 +166,15 @@ KEYS: tuple[KeyDef, ...] = (
            "grow only when the expected gain over the remaining time exceeds the restart cost"),
     KeyDef("restart_cost_s", Kind.DURATION, 60, 0, _DAY, ALL_SCOPES,
            "seconds of progress one resize costs (a restart); the job's observed restart time wins"),
+    KeyDef("power_resume", Kind.BOOL, True, None, None, ALL_SCOPES,
+           "grow onto nodes Slurm's power saving has powered down (POWERED_DOWN) once no powered-on free node "
+           "fits, when the expected gain pays for their resume plus a restart (POWER_RESUME_COST otherwise); "
+           "the extension job names them and Slurm resumes them"),
+    KeyDef("power_resume_s", Kind.DURATION, 120, 0, _DAY, ALL_SCOPES,
+           "seconds a powered-down node takes to resume when its history has no measured resume (Slurm's "
+           "ResumeTimeout bounds it either way)"),
+    KeyDef("power_resume_backoff_s", Kind.DURATION, 1800, 0, _DAY, GLOBAL_ONLY,
+           "a node whose resume failed (ResumeTimeout) is not grown onto again for this long"),
     KeyDef("goodput", Kind.BOOL, False, None, None, ALL_SCOPES,
            "use the job's published throughput: grow only while marginal efficiency is high enough, "
            "shrink back when a grow did not pay"),

@@ -25,11 +25,22 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from slurm_elastic.policy.capacity import FreeGres, Need, NodePool, Status, add_gres, fits, free_gres, need_of
+from slurm_elastic.policy.capacity import (
+    FreeGres,
+    Need,
+    NodePool,
+    Status,
+    add_gres,
+    fits,
+    free_gres,
+    is_resumable_node,
+    need_of,
+)
 from slurm_elastic.policy.fairshare import account_weight, split_spare
 from slurm_elastic.policy.gpulimits import GpuLimitTracker
 from slurm_elastic.policy.model import AdmitBasis, PolicyInput, ResizeRecord, admit_request
 from slurm_elastic.policy.reasons import Action, Reason
+from slurm_elastic.policy.signals import restart_gain_s
 from slurm_elastic.policy.work import NO_ACCOUNT, Context, UnitWork
 from slurm_elastic.slurm.model import Job, Node
 
@@ -136,6 +147,7 @@ class Walk:
     works: list[UnitWork]
     admit_at: Mapping[int, ResizeRecord]  # pending job -> the latest shrink-to-admit for it
     pool: NodePool = field(init=False)
+    cold: NodePool = field(init=False)  # powered-down nodes Slurm would resume (power_resume), used after pool
     info: _NodeInfo = field(init=False)
     reserves: dict[str, int] = field(default_factory=dict)
     victims: dict[str, list[UnitWork]] = field(default_factory=dict)  # partition -> best victim first
@@ -187,6 +199,10 @@ class Walk:
                 by_part.setdefault(j.partition, set()).update(j.nodes)
         self.part_held = {p: len(n) for p, n in by_part.items()}
         self.pool = NodePool(snap.nodes, frozenset(taken))
+        backoff = self.ctx.cfg.power_resume_backoff_s
+        failed = {n for n, at in self.inp.power.resume_failed.items()
+                  if (self.ctx.now - at).total_seconds() < backoff}
+        self.cold = NodePool(snap.nodes, frozenset(taken) | failed, select=is_resumable_node)
         self.info = _NodeInfo(snap.nodes)
         self.gpu = GpuLimitTracker(self.inp.gpu_limits, snap.jobs, self.inp.units, self.inp.extension_qos)
         for node in snap.nodes:
@@ -364,7 +380,7 @@ class Walk:
     # --- pending jobs -------------------------------------------------------------------------------------------
 
     def _pending(self, job: Job) -> None:
-        if not len(self.pool) and not self.victims and not self.tail_protected:
+        if not len(self.pool) and not len(self.cold) and not self.victims and not self.tail_protected:
             return
         parts = tuple(p for p in job.partition.split(",") if p)
         need = need_of(job.gres_per_node)
@@ -373,6 +389,12 @@ class Walk:
         for name in got:
             for part in self.pool.partitions_of[name]:
                 self.first_reserver.setdefault(part, job)
+        if len(got) < count and len(self.cold):  # Slurm would resume powered-down nodes for it as well
+            resumed = self.cold.take(parts, need, count - len(got), status=Status.RESERVED, holder=job.job_id)
+            for name in resumed:
+                for part in self.cold.partitions_of[name]:
+                    self.first_reserver.setdefault(part, job)
+            got += resumed
         if len(got) >= count or not (self.victims or self.tail_protected):
             return
         if self._backing_off(job):
@@ -490,8 +512,10 @@ class Walk:
         s = w.settings
         assert s is not None
         fitting = pool.count_fit(part, w.need)
-        if fitting == 0:
-            if pool.count_fit(part, w.need, Status.RESERVED) > 0:
+        cold_fit = self.cold.count_fit(part, w.need) if s.power_resume else 0
+        if fitting == 0 and cold_fit == 0:
+            if pool.count_fit(part, w.need, Status.RESERVED) > 0 or (
+                    s.power_resume and self.cold.count_fit(part, w.need, Status.RESERVED) > 0):
                 holder = self.first_reserver.get(part)
                 who = f" (e.g. job {holder.job_id}, priority {holder.priority})" if holder is not None else ""
                 self._refuse(w, Reason.PENDING_HIGHER_PRIORITY,
@@ -557,6 +581,8 @@ class Walk:
         if s.fair_share:
             if part not in self.fair:
                 spare = max(0, pool.free_count(part) - self.reserves.get(part, 0))
+                if s.power_resume:
+                    spare += self.cold.free_count(part)
                 self.fair[part] = split_spare(spare, self.demand.get(part, {}), self.inp.account_shares)
             left = self.fair[part].get(account, 0)
             w.inputs["fair_share_nodes_left"] = left
@@ -570,14 +596,22 @@ class Walk:
                 want = left
                 limits.append(f"account {account} fair share")
         reserve = self.reserves if any(self.reserves.values()) else None
-        got = pool.take([part], w.need, want, status=Status.GRANTED, reserve=reserve)
-        if not got:
+        got = pool.take([part], w.need, want, status=Status.GRANTED, reserve=reserve) if fitting else []
+        if not got and cold_fit:
+            # Powered-on free nodes first; only a grow that got none of them resumes nodes, so that one extension
+            # job never keeps powered-on nodes waiting for a boot.
+            got = w.resumed = self._resume(w, part, want)
+            if not got:
+                return
+        elif not got:
             self._refuse(w, Reason.RESERVE_KEPT, f"growing would leave fewer than free_node_reserve "
                          f"{self.reserves.get(part, 0)} free nodes in partition {part}")
             return
-        if len(got) < want:
+        if not w.resumed and len(got) < want:
             limits.append("free_node_reserve" if len(got) < min(want, fitting) else "free nodes")
-        if len(got) < w.want:
+        if w.resumed:
+            w.message += f"; +{len(got)} powered-down node(s) for Slurm to resume: {','.join(got)}"
+        elif len(got) < w.want:
             w.message += f"; +{len(got)} of {w.want} wanted, limited by {' and '.join(limits)}: {','.join(got)}"
         else:
             w.message += f"; +{len(got)} node(s): {','.join(got)}"
@@ -590,3 +624,45 @@ class Walk:
         self.gpu.commit(ext, len(got) * gpn)
         if s.fair_share:
             self.fair[part][account] -= len(got)
+
+    def _resume(self, w: UnitWork, part: str, want: int) -> list[str]:
+        """power_resume: take up to ``want`` powered-down nodes of ``part`` when the expected gain over the
+        remaining time pays for their resume (the slowest of them: they boot together) plus a restart; refuse
+        with POWER_RESUME_COST otherwise. The resume time is the nodes' measured one, else power_resume_s,
+        bounded by Slurm's ResumeTimeout."""
+        s = w.settings
+        assert s is not None
+        names = self.cold.peek(part, w.need, want)
+        power = self.inp.power
+        estimates: list[float] = []
+        measured = True
+        for name in names:
+            value = power.resume_s.get(name)
+            if value is None:
+                measured = False
+                value = float(s.power_resume_s)
+            estimates.append(value)
+        resume = max(estimates, default=0.0)
+        bounded = power.resume_timeout_s is not None and resume > power.resume_timeout_s
+        if bounded and power.resume_timeout_s is not None:
+            resume = power.resume_timeout_s
+        util = self.ctx.utilization.get(w.unit_id)
+        restart = util.restart_s if util is not None and util.restart_s is not None else float(s.restart_cost_s)
+        remaining = w.unit.job.remaining_seconds(self.ctx.now)
+        eff = w.efficiency if w.efficiency is not None else 1.0
+        cost = resume + restart
+        gain = restart_gain_s(remaining, cost, eff, len(names), w.current)
+        source = "ResumeTimeout" if bounded else ("measured" if measured else s.source("power_resume_s"))
+        w.inputs.update({
+            "resume_nodes": ",".join(names),
+            "resume_s": round(resume, 1),
+            "resume_s.source": source,
+            "resume_restart_cost_s": round(restart, 1),
+            "resume_gain_s": None if gain == float("inf") else round(gain, 1),
+        })
+        if gain <= cost:
+            self._refuse(w, Reason.POWER_RESUME_COST, f"no powered-on free node fits, and resuming {','.join(names)} "
+                                f"(~{resume:.0f}s, {source}) plus a {restart:.0f}s restart costs {cost:.0f}s "
+                                f">= the expected gain {gain:.0f}s over the remaining {remaining or 0:.0f}s")
+            return []
+        return self.cold.take([part], w.need, len(names), status=Status.GRANTED)

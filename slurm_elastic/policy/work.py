@@ -42,6 +42,7 @@ class UnitWork:
     reclaim_taken: int = 0
     order: list[Removable] | None = None
     granted: list[str] = field(default_factory=list)
+    resumed: list[str] = field(default_factory=list)  # the powered-down ones among granted (power_resume)
     final: Reason | None = None  # hold reason set by the walk
     tail_protected: bool = False  # tail_protection: shrunk too long, no longer a victim
     tail_regrow: bool = False  # its grow intent is a SHRUNK_TOO_LONG regrow (walked first)

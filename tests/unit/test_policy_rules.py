@@ -21,6 +21,7 @@ from tests.unit.policy_builders import (
     ext,
     job,
     make_input,
+    node,
     nodes,
     pending,
     record,
@@ -159,6 +160,14 @@ def backoff() -> tuple[PolicyInput, PolicyConfig]:
     return replace(inp, extension_ends=(ExtensionEnd(100, 500, "FAILED", ago(60), ago(45)),)), config
 
 
+def resume_cost() -> tuple[PolicyInput, PolicyConfig]:
+    # only a powered-down node fits; 5 min left: gain (300 - 120 - 60) * efficiency 0.95 = 114 s <= 180 s of cost
+    u = unit(job(100, nodes=("n1",), time_limit_min=65, started_ago=3600))
+    off = node("n2", flags=("CLOUD", "POWERED_DOWN"))
+    inp = make_input([u], [node("n1", used=4), off], utils=[util(100, 95, restart=60)])
+    return inp, cfg(min_remaining_for_grow_s=0)
+
+
 def invalid() -> tuple[PolicyInput, PolicyConfig]:
     u = unit(job(100, nodes=("n1",)), scale_up_above=50)  # directive 50, site scale_down_below 60
     return make_input([u], nodes(2, busy=["n1"]), utils=[util(100, 55)]), cfg(scale_down_below=60)
@@ -254,6 +263,8 @@ CASES: list[Case] = [
     Case(Reason.SERVING_RECLAIM, Action.SHRINK, serving_reclaim,
          "gives back 1 node(s) above min 1 to serving unit(s) 100 whose SLO is at risk", unit_id=200,
          basis=Basis.SERVING, target=1),
+    Case(Reason.POWER_RESUME_COST, Action.HOLD, resume_cost, "no powered-on free node fits, and resuming n2 "
+         "(~120s, default) plus a 60s restart costs 180s >= the expected gain 114s over the remaining 300s"),
     Case(Reason.GROW_BACKOFF, Action.HOLD, backoff,
          "1 extension job(s) ended on their own within 600s (last 500: FAILED); next grow in 15s"),
 ]
