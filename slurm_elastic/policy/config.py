@@ -215,6 +215,10 @@ class PolicyConfig:
         return cast(bool, self.resolve("victim_by_service").value)
 
     @property
+    def victim_by_remaining(self) -> bool:
+        return cast(bool, self.resolve("victim_by_remaining").value)
+
+    @property
     def admit_backoff_s(self) -> int:
         return cast(int, self.resolve("admit_backoff_s").value)
 

@@ -144,6 +144,11 @@ KEYS: tuple[KeyDef, ...] = (
            "share of its speed a unit loses per node), then most attained service (GPU-seconds consumed, as "
            "Tiresias' least-attained-service), instead of lowest priority first; only lower-priority units are "
            "ever victims"),
+    KeyDef("victim_by_remaining", Kind.BOOL, False, None, None, GLOBAL_ONLY,
+           "shrink-to-admit and reserve-reclaim victims: least added time first (remaining time by the time "
+           "limit / (nodes - 1): what losing one node adds to a unit at linear scaling; unknown last), so that "
+           "long jobs are the last victims; wins over victim_by_service; only lower-priority units are ever "
+           "victims"),
     KeyDef("admit_backoff_s", Kind.DURATION, 1800, 0, _DAY, GLOBAL_ONLY,
            "after a shrink-to-admit for a pending job, no further one for it until a job that held nodes of its "
            "partitions ends or its request changes, and at most this long"),

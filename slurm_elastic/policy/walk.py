@@ -79,6 +79,21 @@ def service_key(w: UnitWork) -> tuple[float, float, int, int]:
     return (round(marginal_loss(w), 2), -attained if attained is not None else 0.0, w.priority, w.unit_id)
 
 
+def added_time_s(w: UnitWork, now: datetime) -> float | None:
+    """victim_by_remaining: the seconds losing one node adds to the unit at linear scaling (remaining time by
+    its time limit / (nodes - 1)); None when its time limit or start is unknown."""
+    remaining = w.unit.job.remaining_seconds(now)
+    if remaining is None:
+        return None
+    return max(0.0, remaining) / max(1, w.current - 1)
+
+
+def remaining_key(w: UnitWork, now: datetime) -> tuple[int, float, int, int]:
+    """victim_by_remaining: least added time first (unknown last), then lowest priority, then unit id."""
+    added = added_time_s(w, now)
+    return (0 if added is not None else 1, added if added is not None else 0.0, w.priority, w.unit_id)
+
+
 class _NodeInfo:
     """Free GRES and partitions of any node of the snapshot (not only free ones), computed on demand."""
 
@@ -237,6 +252,9 @@ class Walk:
             self.live_freeing[part] = _Live(pairs, lambda pair: pair[0] in claimed)
 
     def _victim_order(self) -> Callable[[UnitWork], tuple[Any, ...]]:
+        if self.ctx.cfg.victim_by_remaining:
+            now = self.ctx.now
+            return lambda v: remaining_key(v, now)
         if self.ctx.cfg.victim_by_service:
             return service_key
         grown = sorted({w.last_grow for w in self.works if w.last_grow is not None})
@@ -443,7 +461,7 @@ class Walk:
         if failed_at is not None and deficit >= failed_at:
             return  # surplus only shrinks during a walk and later jobs have lower priority: still no fit
         part_set = set(parts)
-        by_service = self.ctx.cfg.victim_by_service
+        by_service = self.ctx.cfg.victim_by_service or self.ctx.cfg.victim_by_remaining  # not priority order
         claims: list[str] = []
         for part in parts:
             live_freeing = self.live_freeing.get(part)
@@ -481,7 +499,10 @@ class Walk:
             return  # the nodes that metric shrinks give back anyway are enough
         basis = self._admit_basis(job, part_set)
         for w, k in tentative:
-            if by_service:
+            if self.ctx.cfg.victim_by_remaining:
+                added = added_time_s(w, self.ctx.now)
+                w.inputs["victim_added_s"] = round(added, 1) if added is not None else None
+            elif by_service:
                 w.inputs["victim_marginal_loss"] = round(marginal_loss(w), 3)
             w.taken += k
             w.admit_taken += k

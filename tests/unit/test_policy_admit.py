@@ -276,3 +276,20 @@ def test_admit_keep_percent_bounds_how_far_one_victim_is_shrunk() -> None:
     at_floor = replace(unit(job(100, nodes=names[:5], priority=10), max_nodes=8), requested_nodes=8)
     d = _run([at_floor], _busy(*names[:5]), [pending(900, count=1, priority=100)], admit_keep_percent=60)[100]
     assert d.action is Action.HOLD
+
+
+def test_victim_by_remaining_takes_from_the_unit_a_node_costs_least_time() -> None:
+    # Both have 3 nodes and are below the pending job's priority. The long job (10 h left) has the lower
+    # priority, so it is the default victim; a node from the short one (1 h left) adds 30 min instead of 5 h.
+    long_job = unit(job(100, nodes=("n1", "n2", "n3"), priority=10, time_limit_min=11 * 60))
+    short_job = unit(job(200, nodes=("n4", "n5", "n6"), priority=20, time_limit_min=2 * 60))
+    no_limit = unit(job(300, nodes=("n7", "n8"), priority=5))
+    units, busy = [long_job, short_job, no_limit], _busy(*(f"n{i}" for i in range(1, 9)))
+    pend = [pending(900, count=1, priority=100)]
+    ds = _run(units, busy, pend)
+    assert ds[300].action is Action.SHRINK and ds[100].action is Action.HOLD  # lowest priority first
+    ds = _run(units, busy, pend, victim_by_remaining=True)
+    assert [ds[i].action for i in (100, 200, 300)] == [Action.HOLD, Action.SHRINK, Action.HOLD]
+    assert ds[200].inputs["victim_added_s"] == 1800.0
+    ds = _run(units, busy, [pending(900, count=3, priority=100)], victim_by_remaining=True)
+    assert [ds[i].target_nodes for i in (100, 200, 300)] == [2, 1, 2]  # then the long one; no limit last
