@@ -25,7 +25,7 @@ from slurm_elastic.agent.payload import NodeReport
 from slurm_elastic.vgpu.build import build_library
 from slurm_elastic.vgpu.state import make_node_state
 from slurm_elastic.vgpu.statefile import StateFile
-from tests.cluster.harness import TestCluster
+from tests.cluster.harness import AGENT_PORT_BASE, TestCluster
 
 REPO = Path(__file__).resolve().parents[2]
 INTERVAL_S = 1.0
@@ -43,12 +43,12 @@ class Agents:
 
     @staticmethod
     def url(node: str) -> str:
-        return f"http://127.0.0.1:{18000 + int(node.removeprefix('n'))}"
+        return f"http://127.0.0.1:{AGENT_PORT_BASE + int(node.removeprefix('n'))}"
 
     @staticmethod
     def metrics_address(node: str) -> str:
         """host:port of the node agent's /metrics listener."""
-        return f"127.0.0.1:{18300 + int(node.removeprefix('n'))}"
+        return f"127.0.0.1:{AGENT_PORT_BASE + 300 + int(node.removeprefix('n'))}"
 
     def metrics_url(self, node: str) -> str:
         return f"http://{self.metrics_address(node)}/metrics"
@@ -94,7 +94,7 @@ def install_plugins(cluster: TestCluster) -> None:
 @contextlib.contextmanager
 def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = INTERVAL_S,
                    window_s: float = 30) -> Iterator[Agents]:
-    """One agent per node (port 18000 + node number, /metrics on 18300 + node number, with the bearer token in
+    """One agent per node (port AGENT_PORT_BASE + node number, /metrics 300 above, with the bearer token in
     ``key_dir/metrics.token``) over fresh 4-GPU virtual state; stopped on exit."""
     install_plugins(cluster)
     lib = build_library(REPO / "build" / "vgpu")
@@ -114,13 +114,13 @@ def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = I
         for node in cluster.nodes:
             env = {**cluster.env, "LD_LIBRARY_PATH": str(lib.parent),
                    "SLURM_ELASTIC_VGPU_STATE": str(vgpu_dir / f"{node}.state")}
-            port = 18000 + int(node.removeprefix("n"))
+            port = int(Agents.url(node).rsplit(":", 1)[1])
             with open(logs / f"agent-{node}.log", "ab") as log:
                 procs[node] = subprocess.Popen(
                     [sys.executable, "-c", "from slurm_elastic.cli import main; main()", "agent", "-v",
                      "--node", node, "--listen", "127.0.0.1", "--port", str(port), "--key-file", str(key_file),
                      "--gpu-map-dir", str(cluster.root / "gpu-map"), "--interval", str(interval_s),
-                     "--window", str(window_s), "--metrics-port", str(18300 + int(node.removeprefix("n"))),
+                     "--window", str(window_s), "--metrics-port", Agents.metrics_address(node).rsplit(":", 1)[1],
                      "--metrics-token-file", str(token_file)], env=env, stdout=log, stderr=subprocess.STDOUT)
         result = Agents(cluster, key_file.read_bytes(), procs, key_file, token_file)
 

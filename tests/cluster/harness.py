@@ -18,6 +18,9 @@ CLUSTER_SH = REPO / "docker-slurm" / "cluster.sh"
 # Which cluster: 22.05 (default) or a release cluster (24.11, 26.05), whose env.sh sets both of these and puts
 # its chrooted client commands first in PATH.
 RELEASE = os.environ.get("SLURM_ELASTIC_RELEASE", "22.05")
+# Agents the tests start listen on AGENT_PORT_BASE + node number (and /metrics on AGENT_PORT_BASE + 300 + node
+# number): its own range per release, so a release's tests never collide with the 22.05 cluster's.
+AGENT_PORT_BASE = 18000 + {"24.11": 1000, "26.05": 2000}.get(RELEASE, 0)
 DEFAULT_ROOT = Path(os.environ.get(
     "SLURM_ELASTIC_CLUSTER_DIR",
     "/var/tmp/slurm-elastic-cluster" + ("" if RELEASE == "22.05" else f"-{RELEASE}")))

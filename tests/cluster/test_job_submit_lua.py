@@ -1,5 +1,6 @@
-"""plugins/job_submit.lua inside the real slurmctld (22.05, JobSubmitPlugins=lua): sbatch rejects bad #ELASTIC
-directives with the clear message, good ones land on the job as the normalized admin_comment.
+"""plugins/job_submit.lua inside the real slurmctld (JobSubmitPlugins=lua; 22.05, and 24.11 and 26.05 in the
+release subset): sbatch rejects bad #ELASTIC directives with the clear message, good ones land on the job as the
+normalized admin_comment.
 
 Jobs are submitted held (--hold), so these tests never take nodes from other tests; each cancels its own jobs.
 """
@@ -13,6 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from slurm_elastic.directives import parse_script
+from slurm_elastic.slurm.model import Job
+from slurm_elastic.slurm.openapi import parse_squeue
 from tests.cluster.harness import REPO, TestCluster
 
 PLUGIN = REPO / "plugins" / "job_submit.lua"
@@ -49,11 +52,11 @@ def _sbatch(cluster: TestCluster, script: str, *args: str, user: str | None = No
     return cp.returncode, cp.stdout, cp.stderr
 
 
-def _records(cluster: TestCluster, job_id: int) -> list[dict[str, object]]:
-    """squeue --json records of a job, or of every component of a het job (22.05 shows admin_comment)."""
-    jobs = cluster.squeue_json()["jobs"]
-    assert isinstance(jobs, list)
-    return [dict(j) for j in jobs if job_id in (j.get("job_id"), j.get("het_job_id"))]
+def _records(cluster: TestCluster, job_id: int) -> list[Job]:
+    """The adapter's view of a job, or of every component of a het job, from ``squeue --json`` (any release:
+    24.11 and later give numbers such as het_job_offset as {set, infinite, number} objects)."""
+    _, jobs = parse_squeue(cluster.squeue_json())
+    return [j for j in jobs if job_id in (j.job_id, j.het_job_id)]
 
 
 BAD = """#!/bin/bash
@@ -93,7 +96,7 @@ def test_good_directives_land_as_normalized_admin_comment(cluster: TestCluster, 
     (expected,) = [s.to_normalized() for s in parse_script(GOOD).specs]
     assert expected == "elastic:v1 min=1 max=3 window=5400 signal=USR2 grow=0"
     (record,) = _records(cluster, job_id)
-    assert record["admin_comment"] == f"[{expected}]"
+    assert record.admin_comment == f"[{expected}]"
     shown = cluster.run(["scontrol", "show", "job", str(job_id)], check=True).stdout
     assert f"AdminComment=[{expected}]" in shown
 
@@ -107,7 +110,7 @@ def test_warnings_are_shown_and_the_job_accepted(cluster: TestCluster, submitted
             "'#ELASTIC' are read") in err
     assert "slurm-elastic: warning: line 5: ignored: #ELASTIC lines after the first command (line 4)" in err
     (record,) = _records(cluster, submitted[0])
-    assert record["admin_comment"] == "[elastic:v1 max=2]"
+    assert record.admin_comment == "[elastic:v1 max=2]"
 
 
 def test_jobs_without_directives_are_untouched(cluster: TestCluster, submitted: list[int]) -> None:
@@ -115,7 +118,7 @@ def test_jobs_without_directives_are_untouched(cluster: TestCluster, submitted: 
     assert rc == 0, err
     submitted.append(int(out.strip().split(";")[0]))
     (record,) = _records(cluster, submitted[0])
-    assert record["admin_comment"] == ""
+    assert record.admin_comment == ""
     assert "slurm-elastic" not in err
 
 
@@ -134,10 +137,10 @@ def test_het_job_component_gets_its_group_spec(cluster: TestCluster, submitted: 
     assert rc == 0, err
     leader = int(out.strip().split(";")[0])
     submitted.append(leader)
-    by_offset = {r["het_job_offset"]: r for r in _records(cluster, leader)}
+    by_offset = {r.het_job_offset: r for r in _records(cluster, leader)}
     assert set(by_offset) == {0, 1}
-    assert by_offset[0]["admin_comment"] == ""
-    assert by_offset[1]["admin_comment"] == "[elastic:v1 het=1 max=2 window=300]"
+    assert by_offset[0].admin_comment == ""
+    assert by_offset[1].admin_comment == "[elastic:v1 het=1 max=2 window=300]"
 
 
 def test_het_group_on_an_ordinary_job_is_rejected(cluster: TestCluster) -> None:
@@ -154,8 +157,8 @@ def test_admin_edit_of_admin_comment_keeps_the_spec(cluster: TestCluster, submit
     cp = cluster.run(["scontrol", "update", f"JobId={job_id}", "AdminComment=ops: watch this one"])
     assert cp.returncode == 0, cp.stderr
     (record,) = _records(cluster, job_id)
-    assert record["admin_comment"] == "ops: watch this one [elastic:v1 min=1 max=3 window=5400 signal=USR2 grow=0]"
+    assert record.admin_comment == "ops: watch this one [elastic:v1 min=1 max=3 window=5400 signal=USR2 grow=0]"
     cp = cluster.run(["scontrol", "update", f"JobId={job_id}", "AdminComment=[elastic:off]"])
     assert cp.returncode == 0, cp.stderr
     (record,) = _records(cluster, job_id)
-    assert record["admin_comment"] == "[elastic:off]"
+    assert record.admin_comment == "[elastic:off]"

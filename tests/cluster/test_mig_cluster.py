@@ -34,13 +34,13 @@ from slurm_elastic.vgpu.build import build_library
 from slurm_elastic.vgpu.state import make_node_state
 from slurm_elastic.vgpu.statefile import StateFile
 from tests.cluster.agents_harness import install_plugins
-from tests.cluster.harness import TestCluster
+from tests.cluster.harness import AGENT_PORT_BASE, TestCluster
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "n4"
-AGENT_PORT = 18104
+AGENT_PORT = AGENT_PORT_BASE + 104
 ORIGINAL_GRES = "gpu:4,mps:400"
 EXTRA_DEVICES = range(4, 28)  # n4/gpu4..gpu27: one device node per MIG instance (7 x 4 at most)
 T = TypeVar("T")
