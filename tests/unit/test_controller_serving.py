@@ -11,12 +11,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic import serving
+from slurm_elastic.controller.config import ControllerConfig
+from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.serving import ServingReader, capacity_from, parse_point, service_of
 from slurm_elastic.policy import ElasticUnit, default_config
 from slurm_elastic.policy.config import resolve_unit
-from slurm_elastic.store.records import DemandRecord
+from slurm_elastic.store.records import DecisionFilter, DemandRecord
 from slurm_elastic.store.sqlstore import SqlStore, sqlite_url
 from tests.unit.policy_builders import ext, job, spec
+from tests.unit.storehelpers import FakeClock, memory_store
+from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm
 
 NOW = datetime(2026, 1, 12, 9, 0, 30, tzinfo=UTC)  # a Monday
 
@@ -122,3 +127,34 @@ def test_capacity_needs_slots_within_the_slo() -> None:
     assert capacity_from(hist, 50) == 150.0
     assert capacity_from(hist, None) == 200.0
     assert capacity_from([], 50) is None
+
+
+# --- a whole controller cycle ---------------------------------------------------------------------------------
+
+
+class ServingSlurm(FakeSlurm):
+    def batch_script(self, job_id: int) -> str:
+        return "#!/bin/bash\n#ELASTIC --serving --slo-p99 50ms --min-nodes 1 --max-nodes 3\nsrun serve\n"
+
+
+def test_the_controller_scales_a_serving_job_out_on_its_published_latency(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    st = memory_store(clock)
+    slurm = ServingSlurm(clock)
+    agents = Agents(clock)
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="t"), POLICY, slurm=slurm, store=st,
+                     collector=agents, clock=clock)
+    leader = slurm.add_job(10, ["n1"], user=me())
+    slurm.jobs[10] = replace(leader, working_dir=str(tmp_path))
+    path = tmp_path / ".slurm-elastic" / "serving-10.jsonl"
+    for _ in range(3):
+        agents.util = {("n1", 10): 30.0}  # utilization says shrink; a serving job does not listen to it
+        assert serving.publish(120.0, p99_ms=80.0, replicas=1, at=clock().timestamp(), path=str(path))
+        ctl.run_cycle()
+        clock.advance(2.0)
+    decisions = st.decisions.list_decisions(DecisionFilter(job_id=10))
+    grows = [d for d in decisions if d.action == "grow"]
+    assert grows and grows[0].reason == "SLO_AT_RISK"
+    assert grows[0].inputs["p99_ms"] == 80.0 and grows[0].inputs["requests_per_s"] == 120.0
+    assert grows[0].inputs["slo_p99_ms"] == 50 and grows[0].inputs["basis"] == "serving"
+    assert not any(d.action == "shrink" for d in decisions)
