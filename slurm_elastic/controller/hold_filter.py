@@ -44,6 +44,9 @@ HOLD = "hold"
 VOLATILE_INPUTS = frozenset({
     "running_s", "since_resize_s", "metric_age_s", "window_covered_s", "samples", "remaining_s",
     "expected_gain_s", "throughput", "attained_gpu_s", "unchanged_since", "shrunk_s", "life_s", "grow_gain_s",
+    # a serving unit's published numbers move every report; its hold reason and size say when it matters
+    "p99_ms", "requests_per_s", "queue_depth", "window_p99_ms", "window_peak_rps", "forecast_rps",
+    "since_grow_s", "replicas_reported", "rps_per_replica", "cold_start_s",
 })
 UTIL_BAND_PCT = 10.0
 EFFICIENCY_BAND = 0.1

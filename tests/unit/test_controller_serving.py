@@ -158,3 +158,21 @@ def test_the_controller_scales_a_serving_job_out_on_its_published_latency(tmp_pa
     assert grows[0].inputs["p99_ms"] == 80.0 and grows[0].inputs["requests_per_s"] == 120.0
     assert grows[0].inputs["slo_p99_ms"] == 50 and grows[0].inputs["basis"] == "serving"
     assert not any(d.action == "shrink" for d in decisions)
+
+
+def test_a_serving_hold_is_stored_once_while_only_its_published_numbers_move(tmp_path: Path) -> None:
+    clock = FakeClock(T0)
+    st = memory_store(clock)
+    slurm = ServingSlurm(clock)
+    agents = Agents(clock)
+    ctl = Controller(ControllerConfig(interval_s=2.0, holder="t"), POLICY, slurm=slurm, store=st,
+                     collector=agents, clock=clock)
+    slurm.jobs[10] = replace(slurm.add_job(10, ["n1"], user=me()), working_dir=str(tmp_path))
+    path = tmp_path / ".slurm-elastic" / "serving-10.jsonl"
+    for i in range(6):
+        agents.util = {("n1", 10): 50.0}
+        assert serving.publish(100.0 + i, p99_ms=20.0 + i, replicas=1, at=clock().timestamp(), path=str(path))
+        ctl.run_cycle()
+        clock.advance(2.0)
+    holds = [d for d in st.decisions.list_decisions(DecisionFilter(job_id=10)) if d.action == "hold"]
+    assert [d.reason for d in holds] == ["SLO_MET"]
