@@ -309,8 +309,9 @@ class Walk:
                 self._pending(item)
             elif not item.admit_basis and not item.reclaim_taken:  # a unit giving nodes back does not grow
                 self._grant(item)
-                if item.serving and len(item.granted) < item.want:
-                    self._serving_reclaim(item, item.want - len(item.granted))
+                if (item.serving and len(item.granted) < item.want
+                        and item.final in (None, Reason.NO_FREE_NODES, Reason.RESERVE_KEPT)):
+                    self._serving_reclaim(item, item.want - len(item.granted))  # short of nodes, not of quota
 
     # --- reserve reclaim ----------------------------------------------------------------------------------------
 
@@ -359,6 +360,9 @@ class Walk:
         shrink training units (best victim first, whatever their priority) by their nodes above min that would
         become free nodes of the partition. The serving unit takes them on a later cycle, after the grace."""
         part = w.unit.job.partition
+        room = self._quota_room(w)
+        if room is not None:
+            short = min(short, room)  # nodes the serving unit could not take anyway are left to training
         got = 0
         for name, holder in self.freeing.get(part, ()):
             if got >= short:
@@ -394,6 +398,28 @@ class Walk:
             if victims:
                 parts.append(f"{got - freed} from training job(s) {', '.join(victims)} above their min")
             w.message += f"; reclaiming {' and '.join(parts)}"
+
+    def _quota_room(self, w: UnitWork) -> int | None:
+        """Extension nodes the account/QOS quotas still allow ``w`` (None: no quota applies)."""
+        s, job = w.settings, w.unit.job
+        assert s is not None
+        ext = self._ext_job(job)
+        account, qos = job.account or NO_ACCOUNT, ext.qos or NO_ACCOUNT
+        gpn = job.gpus_per_node()
+        room: int | None = None
+        for quota, held, size in (
+            (s.max_extension_nodes_per_account, self.ext_by_account.get(account, 0), 1),
+            (self._qos_quota(s.max_extension_nodes_per_qos, job, ext, "max_extension_nodes_per_qos"),
+             self.ext_by_qos.get(qos, 0), 1),
+            (s.max_extension_gpus_per_account, self.ext_gpus_by_account.get(account, 0), gpn),
+            (self._qos_quota(s.max_extension_gpus_per_qos, job, ext, "max_extension_gpus_per_qos"),
+             self.ext_gpus_by_qos.get(qos, 0), gpn),
+        ):
+            if quota < 0 or size <= 0:
+                continue
+            left = max(0, (quota - held) // size)
+            room = left if room is None else min(room, left)
+        return room
 
     # --- pending jobs -------------------------------------------------------------------------------------------
 

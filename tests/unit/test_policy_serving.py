@@ -165,3 +165,16 @@ def test_profile_rejects_bad_parameters_and_skips_bad_points() -> None:
     p = SeasonalProfile.fit([DemandPoint(NOW, float("nan")), DemandPoint(NOW, -1.0), DemandPoint(NOW, 5.0)],
                             min_weeks=1)
     assert p.observations == 1 and p.predict(NOW) == 5.0
+
+
+def test_no_reclaim_for_a_serving_grow_its_quota_refuses() -> None:
+    train = unit(job(200, nodes=("n2", "n3"), priority=5000))
+    inp, _ = serving(60, free=0, others=(train,), utils=(util(200, 60),))
+    d = _by_id(inp, cfg(max_extension_nodes_per_account=0))
+    assert d[100].action is Action.HOLD and "reclaiming" not in d[100].message
+    assert d[200].action is Action.HOLD
+    # one node of quota left: one node reclaimed although the latency asks for more
+    inp, _ = serving(100, free=0, others=(unit(job(200, nodes=("n2", "n3", "n4"), priority=5000)),),
+                     utils=(util(200, 60),))
+    d = _by_id(inp, cfg(max_extension_nodes_per_account=1))
+    assert (d[200].action, d[200].reason, d[200].target_nodes) == (Action.SHRINK, Reason.SERVING_RECLAIM, 2)
