@@ -31,6 +31,7 @@ from slurm_elastic.controller.losses import LossRecorder
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.controller.ports import AgentCollector, Clock, ControllerStore, SlurmControl
+from slurm_elastic.controller.power import ResumeFailures
 from slurm_elastic.controller.progress import journal_since, with_progress
 from slurm_elastic.controller.serving import ServingReader
 from slurm_elastic.controller.shares import AccountingCache
@@ -51,7 +52,7 @@ from slurm_elastic.policy import (
 from slurm_elastic.policy.holds import LOOKBACK_S as BACKOFF_LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, UnitMeasure
 from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd, ServingLoad
-from slurm_elastic.slurm.adapter import FinalStateReader
+from slurm_elastic.slurm.adapter import FinalStateReader, PowerConfigReader
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.slurm.openapi import gc_paused
@@ -102,6 +103,7 @@ class Controller:
         self.actuator = actuator or Actuator(slurm, store, cfg.extension_env, extension_qos=cfg.extension_qos,
                                              notice_grace_s=cfg.notice_grace_s)
         self.losses = LossRecorder(store)  # extensions Slurm took away: preemption, node failure (losses.py)
+        self.power = ResumeFailures(store)  # Slurm power saving: resume times, failed resumes (power.py)
         self.holds = HoldFilter(cfg.hold_heartbeat_s)  # holds are stored by change (hold_filter.py)
         self.specs = SpecCache()
         self.admits = AdmitFollower(verify_s=max(60.0, 5 * cfg.interval_s))  # did shrink-to-admit work?
@@ -212,6 +214,12 @@ class Controller:
         units = {u.unit_id: u for u in built.units}
         before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
         self._observe_jobs(built.units, built.sources, built.not_elastic, snap, known)
+        resume_timeout = self._resume_timeout()
+        for failed in self.power.handle(summary.cycle_id or 0, units, snap, now, cancel=self._cancel,
+                                        resume_timeout_s=resume_timeout, dry_run=self.cfg.dry_run, fencing=token):
+            if self.metrics is not None:
+                self.metrics.decisions.labels(failed.action, failed.reason).inc()
+            self.holds.forget(failed.job_id)
         for lost in self.losses.record(summary.cycle_id or 0, units, snap, now, previous_nodes=before,
                                        fencing=token):
             if self.metrics is not None:
@@ -236,7 +244,7 @@ class Controller:
             in_progress=[ActionInProgress(unit_id, str(a.kind), a.created_at) for unit_id, a in open_by_unit.items()],
             extension_ends=self._extension_ends(now), account_shares=self.accounting.shares(),
             gpu_limits=self.accounting.gpu_limits(), extension_qos=self.cfg.extension_qos or None,
-            serving=serving)
+            serving=serving, power=self.power.state(now, policy.power_resume_backoff_s, resume_timeout))
         with gc_paused():  # pure, leaves no cyclic garbage; GC would only rescan the snapshot
             decisions = decide(inp, policy, now)
         summary.decisions = decisions
@@ -376,6 +384,19 @@ class Controller:
                 loads[u.unit_id] = found
         self.serving.forget([u for u in units if u.spec.serving])
         return loads
+
+    def _cancel(self, job_id: int) -> None:
+        self.slurm.cancel(job_id)
+
+    def _resume_timeout(self) -> float | None:
+        """Slurm's ResumeTimeout, when the backend reads it (None: unknown; the policy then uses its estimate)."""
+        if not isinstance(self.slurm, PowerConfigReader):
+            return None
+        try:
+            return self.slurm.resume_timeout_s()
+        except SlurmError as e:
+            log.warning("cannot read ResumeTimeout: %s", e)
+            return None
 
     def _extension_ends(self, now: datetime) -> list[ExtensionEnd]:
         """The extension jobs that ended within the grow back-off's look-back (policy/holds.py)."""

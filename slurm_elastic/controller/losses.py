@@ -165,7 +165,8 @@ class LossRecorder:
     def _recorded(self, unit_id: int, since: datetime) -> set[tuple[int, str]]:
         """(extension job, node) pairs already recorded as lost for the unit since ``since``."""
         out: set[tuple[int, str]] = set()
-        for reason in LOSS_REASONS:
+        # a failed resume (controller/power.py) is recorded as RESUME_FAILED, not again as a loss
+        for reason in (*LOSS_REASONS, Reason.RESUME_FAILED):
             for d in self.store.decisions.list_decisions(DecisionFilter(job_id=unit_id, reason=str(reason),
                                                                         since=since)):
                 ext = d.inputs.get("extension_job")

@@ -34,6 +34,7 @@ from slurm_elastic.policy.model import (
     ExtensionEnd,
     JobUtilization,
     PolicyInput,
+    PowerState,
     ResizeRecord,
     ServingLoad,
     ThroughputSample,
@@ -160,6 +161,7 @@ class PolicyInputBuilder:
         gpu_limits: Mapping[str, int] | None = None,
         extension_qos: str | None = None,
         serving: Mapping[int, ServingLoad] | None = None,
+        power: PowerState | None = None,
     ) -> PolicyInput:
         """The input of ``decide``. ``samples`` and ``measures`` are by unit id; samples older than the unit's
         window start are ignored, goodput of a unit whose settings do not use it is dropped, and facts about
@@ -192,6 +194,7 @@ class PolicyInputBuilder:
             gpu_limits=dict(gpu_limits or {}),
             extension_qos=extension_qos,
             serving=loads,
+            power=power if power is not None else PowerState(),
             in_progress=tuple(sorted((a for a in in_progress if a.unit_id in ids),
                                      key=lambda a: (a.since, a.unit_id, a.kind))),
             extension_ends=tuple(sorted((e for e in extension_ends if e.unit_id in ids),

@@ -223,6 +223,17 @@ def parse_cluster_name(text: str) -> str | None:
     return None
 
 
+def parse_resume_timeout(text: str) -> float | None:
+    """``ResumeTimeout`` in seconds from ``scontrol show config`` (``ResumeTimeout           = 60 sec``): how long
+    Slurm waits for a powered-down node to come back before it marks the node DOWN (power saving)."""
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "ResumeTimeout":
+            number = value.split()[0] if value.split() else ""
+            return float(number) if number.isdigit() else None
+    return None
+
+
 def merge_exports(chunks: Sequence[str]) -> str:
     """One ``sacct -P`` export from several (consecutive windows, oldest first, each with its header line).
 

@@ -38,6 +38,7 @@ from slurm_elastic.slurm.accounting import (
     parse_assoc_limits,
     parse_cluster_name,
     parse_qos_limits,
+    parse_resume_timeout,
     parse_sacct_states,
     parse_sshare,
 )
@@ -65,6 +66,13 @@ class FinalStateReader(Protocol):
     """How jobs that have left squeue ended (the accounting database); optional: a site may run no slurmdbd."""
 
     def final_states(self, job_ids: Sequence[int]) -> dict[int, str]: ...
+
+
+@runtime_checkable
+class PowerConfigReader(Protocol):
+    """Slurm's power-saving settings the policy bounds resume estimates with; optional."""
+
+    def resume_timeout_s(self) -> float | None: ...
 
 
 class SlurmControl(SlurmReader, Protocol):
@@ -103,6 +111,7 @@ class SlurmCli:
     def __init__(self, commands: SlurmCommands | None = None) -> None:
         self.cmd = commands or SlurmCommands()
         self._cluster: tuple[str | None] | None = None  # ClusterName, once read
+        self._resume_timeout: tuple[float | None] | None = None  # ResumeTimeout, once read
         self._scontrol_json: bool | None = None  # does scontrol take --json (23.02+)? None: not tried yet
 
     # --- read ------------------------------------------------------------------------------------------
@@ -183,6 +192,12 @@ class SlurmCli:
         if self._cluster is None:
             self._cluster = (parse_cluster_name(self._accounting(["scontrol", "show", "config"])),)
         return self._cluster[0]
+
+    def resume_timeout_s(self) -> float | None:
+        """Slurm's ``ResumeTimeout`` (power saving), read once: it bounds a powered-down node's resume."""
+        if self._resume_timeout is None:
+            self._resume_timeout = (parse_resume_timeout(self._accounting(["scontrol", "show", "config"])),)
+        return self._resume_timeout[0]
 
     def gpu_limits(self) -> GpuLimits:
         """GrpTRES ``gres/gpu`` limits of this cluster's associations, and the QOSes' GPU limits."""

@@ -1,0 +1,159 @@
+"""Slurm power saving as the controller sees it (docs/power-saving.md): how long powered-down nodes take to come
+back, and resumes that failed.
+
+The policy counts a powered-down node (``IDLE+POWERED_DOWN``, sinfo's ``idle~``) as capacity with a resume
+cost (``power_resume``, policy/walk.py). A grow onto it is an extension job that names the node; Slurm runs its
+``ResumeProgram``, shows the node ``POWERING_UP`` (the job ``CONFIGURING``) and starts the job once the node's
+slurmd registered. This module keeps what the policy needs for that:
+
+* :class:`PowerTracker` (pure, in memory) watches each cycle's snapshot: a node seen ``POWERING_UP`` that is
+  later available and not powered down took (now - first seen) to resume, an upper bound by one cycle. A node
+  seen ``POWERING_UP`` that is later powered down or down did not come back: Slurm gave up after
+  ``ResumeTimeout`` (measured on 22.05: "node n5 not resumed by ResumeTimeout(30) - marking down and power_save";
+  the job on it is requeued, or ends ``NODE_FAIL`` when it may not be requeued).
+* :class:`ResumeFailures` (the shell) turns such a failure under an extension job of a unit into: the extension
+  job cancelled, a ``RESUME_FAILED`` hold on record (the unit keeps its size: the extension never ran on the
+  node), and the node in :class:`~slurm_elastic.policy.PowerState`'s ``resume_failed`` for
+  ``power_resume_backoff_s`` (read back from the decisions table, so the back-off survives a restart). A loss of
+  the same (extension, node) is then not also recorded as ``NODE_FAILURE`` (controller/losses.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from slurm_elastic.policy import Action, ElasticUnit, PowerState, Reason
+from slurm_elastic.slurm.model import ClusterSnapshot, Node
+from slurm_elastic.store.protocols import ControllerStore
+from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, FencingToken, NewDecision
+
+log = logging.getLogger(__name__)
+
+#: Resume times kept per node (the median of these is the node's estimate).
+KEEP_PER_NODE = 5
+
+
+def _state(node: Node) -> str:
+    return "+".join((node.state, *node.state_flags))
+
+
+def _came_up(node: Node) -> bool:
+    return node.is_available and "POWERED_DOWN" not in node.state_flags and "POWERING_UP" not in node.state_flags
+
+
+@dataclass
+class PowerTracker:
+    """Resume times and failed resumes, from the node states of successive snapshots. Pure (no I/O)."""
+
+    since: dict[str, datetime] = field(default_factory=dict)  # node -> first seen POWERING_UP
+    resume_s: dict[str, list[float]] = field(default_factory=dict)
+
+    def observe(self, snap: ClusterSnapshot, now: datetime) -> dict[str, str]:
+        """Update from one snapshot; returns the nodes whose resume failed since the last one (-> their state)."""
+        failed: dict[str, str] = {}
+        for node in snap.nodes:
+            if "POWERING_UP" in node.state_flags:
+                self.since.setdefault(node.name, now)
+                continue
+            started = self.since.pop(node.name, None)
+            if started is None:
+                continue
+            if _came_up(node):
+                kept = self.resume_s.setdefault(node.name, [])
+                kept.append((now - started).total_seconds())
+                del kept[:-KEEP_PER_NODE]
+            else:
+                failed[node.name] = _state(node)
+        for name in set(self.since) - {n.name for n in snap.nodes}:
+            del self.since[name]
+        return failed
+
+    def estimates(self) -> dict[str, float]:
+        """Median measured resume time per node."""
+        return {name: statistics.median(values) for name, values in self.resume_s.items() if values}
+
+
+@dataclass(frozen=True)
+class ResumeFailure:
+    unit_id: int
+    extension_job: int
+    nodes: tuple[str, ...]  # the extension's nodes
+    failed: tuple[str, ...]  # those that did not come back
+    node_states: Mapping[str, str]
+    slurm_state: str  # the extension job's state (PENDING after a requeue, NODE_FAIL, ...)
+
+
+def find_resume_failures(units: Mapping[int, ElasticUnit], records: Iterable[ExtensionRecord],
+                         snap: ClusterSnapshot, failed: Mapping[str, str]) -> list[ResumeFailure]:
+    """Extension jobs of ``units`` that asked for a node in ``failed`` and do not run on it. Pure."""
+    out: list[ResumeFailure] = []
+    for rec in sorted(records, key=lambda r: r.job_id):
+        if rec.parent_job_id not in units:
+            continue
+        job = snap.job(rec.job_id)
+        nodes = tuple(n for n in (rec.nodelist or "").split(",") if n)
+        if job is not None and job.nodes:
+            nodes = tuple(dict.fromkeys((*nodes, *job.nodes)))
+        lost = tuple(n for n in nodes if n in failed)
+        if lost:
+            out.append(ResumeFailure(unit_id=rec.parent_job_id, extension_job=rec.job_id, nodes=nodes, failed=lost,
+                                     node_states={n: failed[n] for n in lost},
+                                     slurm_state=job.state if job is not None else rec.state))
+    return out
+
+
+def failure_decision(unit: ElasticUnit, f: ResumeFailure, resume_timeout_s: float | None) -> NewDecision:
+    """The RESUME_FAILED hold for ``f``: the unit stays at its size; inputs name what failed. Pure."""
+    bound = f"ResumeTimeout {resume_timeout_s:.0f}s" if resume_timeout_s is not None else "ResumeTimeout"
+    size = unit.current_nodes
+    return NewDecision(
+        job_id=unit.unit_id, action=str(Action.HOLD), reason=str(Reason.RESUME_FAILED),
+        message=(f"extension job {f.extension_job} ({','.join(f.nodes)}): powered-down node(s) "
+                 f"{','.join(f.failed)} did not come back within {bound} (now {', '.join(f.node_states.values())}); "
+                 f"extension job cancelled, the unit stays at {size} node(s); not grown onto again for "
+                 f"power_resume_backoff_s"),
+        inputs={"extension_job": f.extension_job, "extension_nodes": list(f.nodes), "lost_nodes": list(f.failed),
+                "node_states": dict(f.node_states), "slurm_state": f.slurm_state,
+                "resume_timeout_s": resume_timeout_s, "basis": "slurm", "recorded_by": "controller (not the policy)"},
+        current_nodes=size, target_nodes=size)
+
+
+class ResumeFailures:
+    """The shell: cancels the extension jobs of failed resumes, records RESUME_FAILED, builds PowerState."""
+
+    def __init__(self, store: ControllerStore) -> None:
+        self.store = store
+        self.tracker = PowerTracker()
+
+    def handle(self, cycle_id: int, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
+               cancel: Callable[[int], None], resume_timeout_s: float | None, dry_run: bool = False,
+               fencing: FencingToken | None = None) -> list[NewDecision]:
+        failed = self.tracker.observe(snap, now)
+        if not failed:
+            return []
+        records = self.store.jobs.extensions(active_only=False, ended_since=now - timedelta(hours=1))
+        written: list[NewDecision] = []
+        for f in find_resume_failures(units, records, snap, failed):
+            job = snap.job(f.extension_job)
+            if not dry_run and job is not None and job.state in {"PENDING", "CONFIGURING", "RUNNING"}:
+                cancel(f.extension_job)
+            d = failure_decision(units[f.unit_id], f, resume_timeout_s)
+            self.store.decisions.record_decisions(cycle_id, [d], fencing=fencing)
+            log.warning("job %s: %s", units[f.unit_id].job.display_id, d.message)
+            written.append(d)
+        return written
+
+    def state(self, now: datetime, backoff_s: int, resume_timeout_s: float | None) -> PowerState:
+        """What the policy gets: measured resume times, ResumeTimeout, and recent failures (from the store)."""
+        failed: dict[str, datetime] = {}
+        if backoff_s > 0:
+            for d in self.store.decisions.list_decisions(DecisionFilter(reason=str(Reason.RESUME_FAILED),
+                                                                        since=now - timedelta(seconds=backoff_s))):
+                lost = d.inputs.get("lost_nodes")
+                for name in lost if isinstance(lost, list) else []:
+                    failed[str(name)] = max(d.time, failed.get(str(name), d.time))
+        return PowerState(resume_s=self.tracker.estimates(), resume_timeout_s=resume_timeout_s, resume_failed=failed)

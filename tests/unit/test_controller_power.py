@@ -1,0 +1,76 @@
+"""Slurm power saving in the controller: resume times and failed resumes from successive snapshots, the
+RESUME_FAILED record, and the recorded replies of the power-saving test cluster (docs/power-saving.md)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+from slurm_elastic.controller.power import PowerTracker, failure_decision, find_resume_failures
+from slurm_elastic.policy.capacity import is_resumable_node
+from slurm_elastic.slurm.accounting import parse_resume_timeout
+from slurm_elastic.slurm.model import Node
+from slurm_elastic.slurm.openapi import parse_nodes
+from slurm_elastic.store.records import ExtensionRecord
+from tests.unit.policy_builders import NOW, job, node, snapshot, unit
+
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "22.05"
+
+
+def _n(name: str, *flags: str, state: str = "IDLE") -> Node:
+    return node(name, state=state, flags=("CLOUD", *flags))
+
+
+def test_recorded_sinfo_shows_powered_down_cloud_nodes_as_resumable() -> None:
+    _, nodes = parse_nodes(json.loads((RECORDED / "sinfo_power.json").read_text()))
+    by_name = {n.name: n for n in nodes}
+    assert by_name["n5"].state == "IDLE" and set(by_name["n5"].state_flags) == {"CLOUD", "POWERED_DOWN"}
+    assert [n.name for n in nodes if is_resumable_node(n)] == ["n5", "n6"]
+    assert not by_name["n5"].is_available  # not a powered-on free node
+    assert by_name["n1"].is_available and not is_resumable_node(by_name["n1"])
+
+
+def test_recorded_config_gives_resume_timeout() -> None:
+    assert parse_resume_timeout((RECORDED / "scontrol_show_config_power.txt").read_text()) == 30
+    assert parse_resume_timeout((RECORDED / "scontrol_show_config.txt").read_text()) == 60
+    assert parse_resume_timeout("ClusterName = x\n") is None
+
+
+def test_resume_time_is_measured_from_powering_up_to_available() -> None:
+    t = PowerTracker()
+    assert t.observe(snapshot([], [_n("n5", "POWERED_DOWN")]), NOW) == {}
+    assert t.observe(snapshot([], [_n("n5", "POWERING_UP", "NOT_RESPONDING")]), NOW + timedelta(seconds=5)) == {}
+    assert t.observe(snapshot([], [_n("n5", "POWERING_UP")]), NOW + timedelta(seconds=10)) == {}
+    assert t.observe(snapshot([], [_n("n5", state="MIXED")]), NOW + timedelta(seconds=17)) == {}
+    assert t.estimates() == {"n5": 12.0}
+    assert t.since == {}
+
+
+def test_a_node_that_falls_back_to_powered_down_or_down_failed_its_resume() -> None:
+    t = PowerTracker()
+    t.observe(snapshot([], [_n("n5", "POWERING_UP"), _n("n6", "POWERING_UP")]), NOW)
+    failed = t.observe(snapshot([], [_n("n5", "POWERED_DOWN"), _n("n6", "POWERED_DOWN", state="DOWN")]),
+                       NOW + timedelta(seconds=30))
+    assert failed == {"n5": "IDLE+CLOUD+POWERED_DOWN", "n6": "DOWN+CLOUD+POWERED_DOWN"}
+    assert t.estimates() == {}
+
+
+def _rec(job_id: int, parent: int, nodelist: str, state: str = "PENDING") -> ExtensionRecord:
+    return ExtensionRecord(job_id=job_id, parent_job_id=parent, node_count=1, nodelist=nodelist, state=state,
+                           action_id=1, idempotency_key=None, created_at=NOW, updated_at=NOW, ended_at=None)
+
+
+def test_failed_resume_under_an_extension_keeps_the_unit_at_its_size() -> None:
+    u = unit(job(100, nodes=("n1",)))
+    requeued = replace(job(501, nodes=(), state="PENDING"), node_count=1)
+    snap = snapshot([u.job, requeued], [node("n1", used=4), _n("n5", "POWERED_DOWN")])
+    failures = find_resume_failures({100: u}, [_rec(501, 100, "n5"), _rec(502, 999, "n5")], snap,
+                                    {"n5": "IDLE+CLOUD+POWERED_DOWN"})
+    assert [(f.unit_id, f.extension_job, f.failed, f.slurm_state) for f in failures] == [
+        (100, 501, ("n5",), "PENDING")]
+    d = failure_decision(u, failures[0], 30.0)
+    assert (d.action, d.reason, d.current_nodes, d.target_nodes) == ("hold", "RESUME_FAILED", 1, 1)
+    assert d.inputs["lost_nodes"] == ["n5"] and "within ResumeTimeout 30s" in d.message
+    assert not find_resume_failures({100: u}, [_rec(501, 100, "n2")], snap, {"n5": "IDLE"})
