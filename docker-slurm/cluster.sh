@@ -21,6 +21,12 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 ROOT=${SLURM_ELASTIC_CLUSTER_DIR:-/var/tmp/slurm-elastic-cluster}
 NODES=${SLURM_ELASTIC_NODES:-4}
+# Power-saved nodes n$((NODES+1)).. in their own hidden partition `cold` (docs/power-saving.md): Slurm powers them
+# up through ResumeProgram when a job lands on them and down again after SuspendTime idle. n1..nNODES stay on.
+POWER_NODES=${SLURM_ELASTIC_POWER_NODES:-2}
+POWER_BOOT_S=${SLURM_ELASTIC_POWER_BOOT_S:-3}               # ResumeProgram's boot delay before slurmd starts
+POWER_SUSPEND_TIME=${SLURM_ELASTIC_POWER_SUSPEND_TIME:-20}  # idle seconds before Slurm powers a node down
+POWER_RESUME_TIMEOUT=${SLURM_ELASTIC_POWER_RESUME_TIMEOUT:-30}
 GPUS_PER_NODE=4
 CLUSTER_NAME=elastic
 CTLD_PORT=16817
@@ -32,12 +38,15 @@ DB_USER=slurm
 DB_PASS=slurm-elastic-test
 HOST=$(hostname -s)
 NODELIST="n[1-$NODES]"
+POWER_NODELIST="n[$((NODES + 1))-$((NODES + POWER_NODES))]"
 export SLURM_CONF="$ROOT/etc/slurm.conf"
 
 log() { printf 'cluster: %s\n' "$*" >&2; }
 die() { printf 'cluster: error: %s\n' "$*" >&2; exit 1; }
 
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; }
+power_node_names() { local i; for ((i = NODES + 1; i <= NODES + POWER_NODES; i++)); do echo "n$i"; done; }
+all_node_names() { node_names; power_node_names; }
 
 # --- process bookkeeping: only ever touch pids that this script recorded ---------------------------------
 pid_alive() {  # pidfile expected-comm
@@ -92,7 +101,7 @@ make_dirs() {
   chmod 755 "$ROOT" "$ROOT/etc" "$ROOT/dev"
   chmod 1777 "$ROOT/vgpu" "$ROOT/jobs"
   local n i minor=0
-  for n in $(node_names); do
+  for n in $(all_node_names); do
     mkdir -p "$ROOT/spool/d/$n" "$ROOT/dev/$n" "$ROOT/gpu-map/$n"
     for ((i = 0; i < GPUS_PER_NODE; i++)); do
       minor=$(( (${n#n} - 1) * GPUS_PER_NODE + i ))
@@ -163,10 +172,35 @@ NodeName=$NODELIST NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((NODE_PORT_BASE
 PartitionName=train Nodes=$NODELIST Default=YES MaxTime=INFINITE State=UP PriorityTier=1
 PartitionName=serve Nodes=$NODELIST MaxTime=INFINITE State=UP PriorityTier=10
 EOF
+  if ((POWER_NODES > 0)); then
+    cat >> "$etc/slurm.conf" <<EOF
+# Power saving (docs/power-saving.md): only the CLOUD nodes of the hidden partition cold are ever powered down.
+NodeName=$POWER_NODELIST NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((NODE_PORT_BASE + NODES + 1))-$((NODE_PORT_BASE + NODES + POWER_NODES))] CPUs=8 RealMemory=8000 Gres=gpu:$GPUS_PER_NODE,mps:$((GPUS_PER_NODE * 100)) State=CLOUD
+PartitionName=cold Nodes=$POWER_NODELIST MaxTime=INFINITE State=UP PriorityTier=1 Hidden=YES
+ResumeProgram=$etc/power-resume.sh
+SuspendProgram=$etc/power-suspend.sh
+SuspendTime=$POWER_SUSPEND_TIME
+SuspendTimeout=10
+ResumeTimeout=$POWER_RESUME_TIMEOUT
+SuspendExcNodes=$NODELIST
+ResumeRate=0
+SuspendRate=0
+PrivateData=cloud
+DebugFlags=Power
+EOF
+    install -m 0755 "$HERE/power-resume.sh" "$HERE/power-suspend.sh" "$etc/"
+    cat > "$etc/power.env" <<EOF
+SLURM_CONF=$etc/slurm.conf
+POWER_LOG=$ROOT/log/power.log
+RUN_DIR=$ROOT/run
+POWER_BOOT_S=$POWER_BOOT_S
+EOF
+    touch "$etc/power-fail-nodes"
+  fi
 
   : > "$etc/gres.conf.tmp"
   local n
-  for n in $(node_names); do
+  for n in $(all_node_names); do
     printf 'NodeName=%s Name=gpu File=%s/dev/%s/gpu[0-%d]\n' "$n" "$ROOT" "$n" $((GPUS_PER_NODE - 1)) >> "$etc/gres.conf.tmp"
     printf 'NodeName=%s Name=mps Count=%d File=%s/dev/%s/gpu[0-%d]\n' \
       "$n" $((GPUS_PER_NODE * 100)) "$ROOT" "$n" $((GPUS_PER_NODE - 1)) >> "$etc/gres.conf.tmp"
@@ -354,8 +388,9 @@ start_slurmds() {
 nodes_ready() {
   # Ready = every node responds and none is down/unknown; drained nodes made by tests are resumed on start.
   local bad
-  bad=$(timeout 15 sinfo -h -N -o '%N %T' | awk '$2 ~ /down|unk|not_responding|inval|fail/ {print $1}' | sort -u)
-  [ -z "$bad" ] && [ "$(timeout 15 sinfo -h -N -o '%N' | sort -u | wc -l)" -eq "$NODES" ]
+  # Power-saved nodes are not waited for: Slurm boots them when a job needs them.
+  bad=$(timeout 15 sinfo -h -N -n "$NODELIST" -o '%N %T' | awk '$2 ~ /down|unk|not_responding|inval|fail/ {print $1}' | sort -u)
+  [ -z "$bad" ] && [ "$(timeout 15 sinfo -h -N -n "$NODELIST" -o '%N' | sort -u | wc -l)" -eq "$NODES" ]
 }
 
 resume_nodes() {
@@ -396,7 +431,7 @@ cmd_stop() {
     done
   fi
   local n
-  for n in $(node_names); do stop_pid "$ROOT/run/slurmd-$n.pid" slurmd "slurmd $n"; done
+  for n in $(all_node_names); do stop_pid "$ROOT/run/slurmd-$n.pid" slurmd "slurmd $n"; done
   stop_pid "$ROOT/run/slurmctld.pid" slurmctld slurmctld
   stop_pid "$ROOT/run/slurmdbd.pid" slurmdbd slurmdbd
   if pid_alive "$ROOT/run/mysqld.pid" mariadbd || pid_alive "$ROOT/run/mysqld.pid" mysqld; then
@@ -417,6 +452,10 @@ cmd_status() {
   report slurmdbd "$ROOT/run/slurmdbd.pid" slurmdbd
   report slurmctld "$ROOT/run/slurmctld.pid" slurmctld
   for n in $(node_names); do report "slurmd $n" "$ROOT/run/slurmd-$n.pid" slurmd; done
+  for n in $(power_node_names); do  # powered down is their normal state: not an error
+    if pid_alive "$ROOT/run/slurmd-$n.pid" slurmd; then printf '%-12s up    pid %s (power saving)\n' "slurmd $n" "$(tr -dc 0-9 < "$ROOT/run/slurmd-$n.pid")"
+    else printf '%-12s off   (power saving)\n' "slurmd $n"; fi
+  done
   if pid_alive "$ROOT/run/slurmctld.pid" slurmctld; then
     echo
     sinfo -o '%P %a %D %T %N %G' || rc=1
