@@ -44,7 +44,9 @@ class ExtensionJob:
 
     @property
     def is_pending(self) -> bool:
-        return self.state == "PENDING"
+        """Not started yet: PENDING, or CONFIGURING (allocated, waiting for its nodes to boot: Slurm power
+        saving resumes them first), so a unit waits for it instead of growing again meanwhile."""
+        return self.state in {"PENDING", "CONFIGURING"}
 
 
 @dataclass(frozen=True)

@@ -86,3 +86,14 @@ def test_a_node_whose_resume_failed_is_not_tried_again_for_a_while() -> None:
 def test_a_pending_job_of_higher_priority_gets_the_powered_down_node_first() -> None:
     d = _decide([off("n5")], pending_jobs=(pending(200, priority=5000),))
     assert (d.action, d.reason) == (Action.HOLD, Reason.PENDING_HIGHER_PRIORITY)
+
+
+def test_an_extension_waiting_for_its_nodes_to_boot_counts_as_pending() -> None:
+    from tests.unit.policy_builders import ext
+
+    booting = ext(500, ("n5",), state="CONFIGURING", started_ago=None)
+    u = unit(job(100, nodes=("n1",), started_ago=600), exts=[booting], max_nodes=4)
+    inp = make_input([u], [node("n1", used=4), node("n5", flags=("CLOUD", "POWERING_UP")), off("n6")],
+                     utils=[util(100, 95)])
+    (d,) = decide(inp, cfg(), NOW)
+    assert (d.action, d.reason, d.current_nodes) == (Action.HOLD, Reason.EXTENSION_PENDING, 1), d.message

@@ -1,0 +1,132 @@
+"""Node-level elasticity through Slurm's power saving on the real cluster (docs/power-saving.md).
+
+The test cluster's n5, n6 are CLOUD nodes of the hidden partition ``cold``: powered down until a job names
+them; then Slurm runs the ResumeProgram (which starts that node's slurmd after a boot delay), shows the node
+POWERING_UP and the job CONFIGURING, and starts the job once the node registered. After SuspendTime idle the
+SuspendProgram stops the slurmd again and the node is POWERED_DOWN.
+
+a. An elastic job below its min on n5 grows onto the powered-down n6: the decision names n6 as a node Slurm
+   resumes, Slurm resumes it, the extension runs there; once the extension is gone n6 powers down again.
+b. n6 never boots (listed in etc/power-fail-nodes): after ResumeTimeout the controller records RESUME_FAILED,
+   the extension job is cancelled, the unit stays at one node, and n6 is not grown onto again (backoff).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.controller.extension import parse_tag
+from tests.cluster.agents_harness import Agents
+from tests.cluster.controller_harness import controller_config, running_controller, wait_until
+from tests.cluster.harness import TestCluster
+
+pytestmark = pytest.mark.cluster
+
+SCRIPT = """#!/bin/bash
+#ELASTIC --min-nodes 2 --max-nodes 2
+sleep 600
+"""
+
+
+def _node(cluster: TestCluster, name: str) -> tuple[str, str]:
+    """(State=..., Reason=...) of a node as scontrol shows it."""
+    text = cluster.run(["scontrol", "show", "node", name], check=True).stdout
+    state = next((w.split("=", 1)[1] for w in text.split() if w.startswith("State=")), "?")
+    reason = next((line.split("Reason=", 1)[1].strip() for line in text.splitlines() if "Reason=" in line), "")
+    return state, reason
+
+
+def _powered_down(cluster: TestCluster, name: str) -> bool:
+    state = _node(cluster, name)[0]
+    return state.startswith("IDLE") and "POWERED_DOWN" in state and "POWERING" not in state
+
+
+def _extensions(cluster: TestCluster, leader: int) -> list[dict[str, object]]:
+    jobs = cluster.squeue_json()["jobs"]
+    assert isinstance(jobs, list)
+    out = []
+    for j in jobs:
+        tag = parse_tag(str(j.get("comment") or ""))
+        if tag is not None and tag.parent == leader:
+            out.append(dict(j))
+    return out
+
+
+@contextlib.contextmanager
+def _fail_boot(cluster: TestCluster, node: str) -> Iterator[None]:
+    """``node`` never boots while inside; afterwards it is made usable again (powered down, not DOWN)."""
+    path = cluster.root / "etc" / "power-fail-nodes"
+    path.write_text(f"{node}\n")
+    try:
+        yield
+    finally:
+        path.write_text("")
+        state, _ = _node(cluster, node)
+        if "DOWN" in state.split("+")[0] or "DRAIN" in state:
+            cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        wait_until(f"{node} powered down again", lambda: _powered_down(cluster, node), 60)
+
+
+def _leader_on_n5(cluster: TestCluster) -> int:
+    assert _powered_down(cluster, "n5") or _node(cluster, "n5")[0].startswith("IDLE"), _node(cluster, "n5")
+    job = cluster.submit(SCRIPT, "-p", "cold", "-w", "n5", "-N1", "--gres=gpu:2", "--time=10")
+    cluster.wait_state(job, {"RUNNING"}, timeout=90)  # n5 resumed first if it was off
+    return job
+
+
+def test_grow_onto_a_powered_down_node_and_it_suspends_again(agents: Agents, clean_cluster: TestCluster,
+                                                            tmp_path: Path) -> None:
+    cluster = clean_cluster
+    assert _powered_down(cluster, "n6"), _node(cluster, "n6")
+    t0 = time.monotonic()
+    job = _leader_on_n5(cluster)
+    with running_controller(cluster, controller_config(tmp_path, agents)) as ctl:
+        wait_until("a grow decision that resumes n6", lambda: any(
+            d.action == "grow" and d.inputs.get("resume_nodes") == "n6" for d in ctl.decisions(job)), 60, ctl)
+        grow = next(d for d in ctl.decisions(job) if d.action == "grow")
+        assert grow.reason == "BELOW_MIN" and "powered-down node(s) for Slurm to resume: n6" in grow.message
+        seen: set[str] = set()
+
+        def ext_running() -> bool:
+            seen.add(_node(cluster, "n6")[0])
+            return any(e.get("job_state") == "RUNNING" and "n6" in str(e.get("nodes"))
+                       for e in _extensions(cluster, job))
+        wait_until("the extension running on the resumed n6", ext_running, 90, ctl)
+        assert any("POWERING_UP" in s for s in seen), seen  # Slurm resumed it for the extension
+        resumed_s = time.monotonic() - t0
+        ext_ids = [int(str(e["job_id"])) for e in _extensions(cluster, job)]
+        # The unit shrinks (here: its extension goes); n6 idles and Slurm powers it down after SuspendTime.
+        cluster.cancel(*ext_ids)
+    cluster.cancel(job)
+    wait_until("n6 powered down again after SuspendTime", lambda: _powered_down(cluster, "n6"), 90)
+    print(f"\nleader on n5 + grow onto n6 running after {resumed_s:.1f}s; whole test {time.monotonic() - t0:.1f}s")
+
+
+def test_resume_failure_keeps_the_unit_and_backs_the_node_off(agents: Agents, clean_cluster: TestCluster,
+                                                             tmp_path: Path) -> None:
+    cluster = clean_cluster
+    wait_until("n6 powered down", lambda: _powered_down(cluster, "n6"), 90)
+    t0 = time.monotonic()
+    with _fail_boot(cluster, "n6"):
+        job = _leader_on_n5(cluster)
+        with running_controller(cluster, controller_config(tmp_path, agents)) as ctl:
+            wait_until("RESUME_FAILED on record", lambda: any(
+                d.reason == "RESUME_FAILED" for d in ctl.decisions(job)), 120, ctl)
+            failed = next(d for d in ctl.decisions(job) if d.reason == "RESUME_FAILED")
+            assert failed.action == "hold" and failed.current_nodes == failed.target_nodes == 1
+            assert failed.inputs["lost_nodes"] == ["n6"] and "ResumeTimeout 30s" in failed.message
+            ext = int(str(failed.inputs["extension_job"]))
+            wait_until("the extension job gone", lambda: cluster.job_state(ext) not in {
+                "PENDING", "RUNNING", "CONFIGURING"}, 30, ctl)
+            mark = ctl.cycle_mark()
+            ctl.wait_cycles(3)
+            later = [d for d in ctl.decisions(job) if d.time > failed.time]
+            assert not any(d.action == "grow" for d in later), [(d.action, d.reason, d.message) for d in later]
+            assert ctl.full_cycles_since(mark) >= 3
+        cluster.cancel(job)
+    print(f"\nresume failure recorded and cleaned up in {time.monotonic() - t0:.1f}s")
