@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,13 +144,15 @@ class ControllerProcess:
 
 @contextlib.contextmanager
 def running_controller(cluster: TestCluster, config: Path, *, crash_at: str | None = None,
-                       dry_run: bool = False) -> Iterator[ControllerProcess]:
+                       dry_run: bool = False, prefix: Sequence[str] = ()) -> Iterator[ControllerProcess]:
+    """``prefix`` goes before the command line (e.g. ``nsenter --net=...``: the controller in its own network)."""
     env = dict(cluster.env)
     env.pop("SLURM_ELASTIC_TEST_CRASH_AT", None)
     if crash_at:
         env["SLURM_ELASTIC_TEST_CRASH_AT"] = crash_at
     log = config.parent / f"controller-{int(time.time() * 1000)}.log"
-    args = [sys.executable, "-c", "from slurm_elastic.cli import main; main()", "controller", "-c", str(config), "-v"]
+    args = [*prefix, sys.executable, "-c", "from slurm_elastic.cli import main; main()", "controller",
+            "-c", str(config), "-v"]
     if dry_run:
         args.append("--dry-run")
     db_url = f"sqlite:///{config.parent / 'state.db'}"

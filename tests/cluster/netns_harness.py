@@ -1,0 +1,108 @@
+"""The network-namespace test cluster (docker-slurm/netns-cluster.sh) as tests see it: nodes x1..x4, each with its
+own address, slurmd and agent in its own network namespace; the controller in the namespace se-ctl; faults (link
+down, a blocked port, packet loss) set and healed through the script, so tests and people use the same commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from slurm_elastic.vgpu.build import build_library
+from slurm_elastic.vgpu.state import make_node_state
+from slurm_elastic.vgpu.statefile import StateFile
+from tests.cluster.agents_harness import REPO, Agents, install_plugins, wait_for
+from tests.cluster.harness import TestCluster
+
+NETNS_SH = REPO / "docker-slurm" / "netns-cluster.sh"
+NETNS_ROOT = Path(os.environ.get("SLURM_ELASTIC_NETNS_CLUSTER_DIR", "/var/tmp/slurm-elastic-cluster-netns"))
+NET = "10.77.0"
+AGENT_PORT = 18000  # the same on every node: each node has its own address
+CTLD_PORT = 19817
+
+
+def node_addr(node: str) -> str:
+    return f"{NET}.{10 + int(node.removeprefix('x'))}"
+
+
+def in_ns(name: str) -> list[str]:
+    """The command prefix that runs a program in a node's (``x2``) or the controller's (``ctl``) network namespace.
+    nsenter --net only: `ip netns exec` remounts /sys and would hide the cgroup tree."""
+    return ["nsenter", f"--net=/run/netns/se-{name}"]
+
+
+def netns(*args: str) -> None:
+    """docker-slurm/netns-cluster.sh with these arguments (start, link x2 down, block ctl 19817, heal, ...)."""
+    subprocess.run([str(NETNS_SH), *args], check=True, timeout=300, capture_output=True, text=True)
+
+
+def netns_up() -> bool:
+    return subprocess.run([str(NETNS_SH), "status"], capture_output=True, timeout=60, check=False).returncode == 0
+
+
+class NetnsAgents(Agents):
+    @staticmethod
+    def url(node: str) -> str:
+        return f"http://{node_addr(node)}:{AGENT_PORT}"
+
+    @staticmethod
+    def metrics_address(node: str) -> str:
+        return f"{node_addr(node)}:0"
+
+
+@contextlib.contextmanager
+def running_netns_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = 1.0,
+                         window_s: float = 4) -> Iterator[NetnsAgents]:
+    """One agent per node, in the node's namespace on its address, over fresh 4-GPU virtual state; stopped on exit."""
+    install_plugins(cluster)
+    lib = build_library(REPO / "build" / "vgpu")
+    vgpu_dir = cluster.root / "vgpu"
+    for k, node in enumerate(cluster.nodes):
+        StateFile(vgpu_dir / f"{node}.state").write(
+            make_node_state(node, cluster.gpus_per_node, minor_base=k * cluster.gpus_per_node))
+    key_file = key_dir / "agent.key"
+    key_file.write_bytes(os.urandom(32).hex().encode())
+    key_file.chmod(0o600)
+    token_file = key_dir / "metrics.token"
+    token_file.write_text(os.urandom(24).hex() + "\n")
+    token_file.chmod(0o600)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = cluster.root / "log"
+    try:
+        for node in cluster.nodes:
+            env = {**cluster.env, "LD_LIBRARY_PATH": str(lib.parent),
+                   "SLURM_ELASTIC_VGPU_STATE": str(vgpu_dir / f"{node}.state")}
+            with open(logs / f"agent-{node}.log", "ab") as log:
+                procs[node] = subprocess.Popen(
+                    [*in_ns(node), sys.executable, "-c", "from slurm_elastic.cli import main; main()", "agent", "-v",
+                     "--node", node, "--listen", node_addr(node), "--port", str(AGENT_PORT),
+                     "--key-file", str(key_file), "--gpu-map-dir", str(cluster.root / "gpu-map"),
+                     "--interval", str(interval_s), "--window", str(window_s), "--metrics-port", "0"],
+                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        result = NetnsAgents(cluster, key_file.read_bytes(), procs, key_file, token_file)
+
+        def all_up() -> bool | None:
+            for node, p in procs.items():
+                assert p.poll() is None, f"agent for {node} exited: see {logs}/agent-{node}.log"
+                try:
+                    result.report(node)
+                except Exception:
+                    return None
+            return True
+
+        wait_for("the four agents to answer on their nodes' addresses", all_up, timeout=60)
+        yield result
+    finally:
+        for p in procs.values():
+            p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
