@@ -403,7 +403,17 @@ resume_nodes() {
   done
 }
 
+# `flock LOCK cluster.sh start` hands its lock fd to this script: daemons started from here (munged, MariaDB,
+# slurmdbd keep inherited fds) would hold the lock for as long as they run (measured: every later flock waited).
+close_inherited_fds() {
+  local fd
+  for fd in $(ls /proc/$$/fd); do
+    if ((fd > 2 && fd != 255)); then eval "exec $fd>&-" 2>/dev/null || true; fi
+  done
+}
+
 cmd_start() {
+  close_inherited_fds
   require_packages
   ensure_users
   make_dirs
