@@ -119,7 +119,8 @@ class TestCluster:
     def wait_nodes_idle(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            cp = self.run(["sinfo", "-h", "-N", "-o", "%N %T"])
+            # the always-on nodes: the power-saved ones (partition cold) are idle~ while off (power-saving.md)
+            cp = self.run(["sinfo", "-h", "-N", "-n", ",".join(self.nodes), "-o", "%N %T"])
             states = {line.split()[0]: line.split()[1] for line in cp.stdout.splitlines() if line.strip()}
             if states and all(s == "idle" for s in states.values()):
                 return

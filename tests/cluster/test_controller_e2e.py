@@ -70,7 +70,7 @@ def test_underused_job_shrinks_to_min_after_grace_signal(stack: Agents, tmp_path
 
 
 def _node_states(cluster: TestCluster) -> dict[str, str]:
-    cp = cluster.run(["sinfo", "-h", "-N", "-o", "%N %T"])
+    cp = cluster.run(["sinfo", "-h", "-N", "-n", ",".join(cluster.nodes), "-o", "%N %T"])
     return {line.split()[0]: line.split()[1] for line in cp.stdout.splitlines() if line.strip()}
 
 

@@ -23,14 +23,19 @@ def test_snapshot_reads_nodes_partitions_and_gpus(slurm: SlurmCli, clean_cluster
     snap = slurm.snapshot()
     assert snap.slurm_version and snap.slurm_version.startswith(RELEASE)
     assert snap.data_parser == {"22.05": "v0.0.38", "24.11": "v0.0.42", "26.05": "v0.0.45"}[RELEASE]
-    assert sorted(n.name for n in snap.nodes) == clean_cluster.nodes
+    # the 22.05 cluster's power-saved nodes (hidden partition cold, docs/power-saving.md) are listed too
+    power = {n.name for n in snap.nodes if "cold" in n.partitions}
+    assert power in (set(), {"n5", "n6"})
+    assert sorted(n.name for n in snap.nodes if n.name not in power) == clean_cluster.nodes
     assert all(n.gpus() == 4 for n in snap.nodes)
     # One Node per node with its own values (23.02+ sinfo --json groups them), as scontrol has them.
     for n in snap.nodes:
+        if n.name in power:
+            continue  # a node that never booted has no slurmd start time
         text = clean_cluster.run(["scontrol", "-o", "show", "node", n.name], check=True).stdout
         assert f"Port={n.port} " in text and f"NodeAddr={n.address} " in text and f"CPUTot={n.cpus} " in text
         assert n.slurmd_start_time is not None
-    assert {p.name for p in snap.partitions} == {"train", "serve"}
+    assert {p.name for p in snap.partitions} - {"cold"} == {"train", "serve"}
     assert next(p for p in snap.partitions if p.name == "train").is_default
 
 
