@@ -74,3 +74,32 @@ def test_failed_resume_under_an_extension_keeps_the_unit_at_its_size() -> None:
     assert (d.action, d.reason, d.current_nodes, d.target_nodes) == ("hold", "RESUME_FAILED", 1, 1)
     assert d.inputs["lost_nodes"] == ["n5"] and "within ResumeTimeout 30s" in d.message
     assert not find_resume_failures({100: u}, [_rec(501, 100, "n2")], snap, {"n5": "IDLE"})
+
+
+def test_the_shell_cancels_records_once_and_backs_the_node_off() -> None:
+    from slurm_elastic.controller.power import ResumeFailures
+    from slurm_elastic.store.records import JobObservation
+    from tests.unit.storehelpers import FakeClock, memory_store
+
+    clock = FakeClock(NOW)
+    store = memory_store(clock)
+    u = unit(job(100, nodes=("n1",)))
+    store.jobs.upsert_job(JobObservation(job_id=100, user="alice", account="acct", partition="gpu", state="RUNNING",
+                                         current_nodes=1, min_nodes=1, max_nodes=4))
+    store.jobs.record_extension(job_id=501, parent_job_id=100, node_count=1, state="PENDING", nodelist="n5")
+    shell = ResumeFailures(store)
+    cancelled: list[int] = []
+    booting = replace(job(501, nodes=("n5",), state="CONFIGURING"), node_count=1)
+    cycle = store.decisions.begin_cycle()
+    shell.handle(cycle, {100: u}, snapshot([u.job, booting], [node("n1", used=4), _n("n5", "POWERING_UP")]), NOW,
+                 cancel=cancelled.append, resume_timeout_s=30.0)
+    requeued = replace(booting, state="PENDING", nodes=())
+    later = NOW + timedelta(seconds=31)
+    snap = snapshot([u.job, requeued], [node("n1", used=4), _n("n5", "POWERED_DOWN")])
+    (d,) = shell.handle(cycle, {100: u}, snap, later, cancel=cancelled.append, resume_timeout_s=30.0)
+    assert cancelled == [501] and d.reason == "RESUME_FAILED"
+    assert shell.handle(cycle, {100: u}, snap, later, cancel=cancelled.append, resume_timeout_s=30.0) == []
+    clock.advance(31)
+    state = shell.state(later, 1800, 30.0)
+    assert set(state.resume_failed) == {"n5"} and state.resume_timeout_s == 30.0
+    assert shell.state(later + timedelta(seconds=1801), 1800, 30.0).resume_failed == {}
