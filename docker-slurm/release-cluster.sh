@@ -40,7 +40,8 @@ DB_USER=slurm
 DB_PASS=slurm-elastic-test
 HOST=$(hostname -s)
 NODELIST="n[1-$NODES]"
-PACKAGES="slurm-wlm slurmdbd munge mariadb-server mariadb-client lua5.3 procps"
+# python3: the cluster tests' jobs run the virtual-GPU workload (stdlib only) with /usr/bin/python3 inside the root.
+PACKAGES="slurm-wlm slurmdbd munge mariadb-server mariadb-client lua5.3 procps python3"
 
 log() { printf 'cluster %s: %s\n' "$RELEASE" "$*" >&2; }
 die() { printf 'cluster %s: error: %s\n' "$RELEASE" "$*" >&2; exit 1; }
@@ -81,6 +82,15 @@ build_rootfs() {
   echo "$got" > "$tmp/.slurm-elastic-ready"
   rm -rf "$ROOTFS"; mv "$tmp" "$ROOTFS"; mv "$tmp.log" "$ROOTFS.build.log"
   log "root filesystem ready: Slurm $got, $(du -sh "$ROOTFS" | cut -f1), built in $((SECONDS - t0))s"
+}
+
+ensure_packages() {  # a root cached before PACKAGES grew gets what it lacks (seconds; the build log says what)
+  chroot "$ROOTFS" dpkg -s $PACKAGES >/dev/null 2>&1 && return 0
+  log "installing into the cached root what it lacks of: $PACKAGES"
+  mount_into "$ROOTFS"
+  { chroot "$ROOTFS" apt-get update && DEBIAN_FRONTEND=noninteractive chroot "$ROOTFS" \
+      apt-get install -y --no-install-recommends $PACKAGES && chroot "$ROOTFS" apt-get clean; } \
+    >> "$ROOTFS.build.log" 2>&1 || die "apt-get install failed: see $ROOTFS.build.log"
 }
 
 # --- mounts: /proc, /sys, /dev, the cgroup tree, the state dir and the checkout --------------------------
@@ -319,6 +329,7 @@ cmd_start() {
   [ -f "$SOURCE_ROOT/etc/slurm.conf" ] ||
     die "needs the 22.05 cluster's configuration in $SOURCE_ROOT/etc: run docker-slurm/cluster.sh start once"
   build_rootfs
+  ensure_packages
   log "root filesystem $ROOTFS (Slurm $(cat "$ROOTFS/.slurm-elastic-ready"))"
   copy_users
   make_dirs
