@@ -5,7 +5,8 @@ The request rate follows ``DIURNAL`` (24 hourly shares of the peak: a night trou
 an evening peak), interpolated linearly and scaled to ``--base-rps`` .. ``--peak-rps``; one day lasts
 ``--day-s`` seconds. Arrivals are open-loop (Poisson at the current rate), so a slow service sees its queue
 grow as a real one would. Bounded: at most ``--duration-s`` seconds and ``--max-inflight`` requests in flight
-(an arrival beyond that is counted as ``shed``, never sent).
+(an arrival beyond that is counted as ``shed``, never sent). SIGTERM ends it early: it sends nothing more,
+waits for the answers and writes the summary.
 
 Every request is recorded; ``--out`` gets a JSON summary: sent, ok, failed (an answer other than 200 or no
 answer: the service lost it), shed, and per ``--bucket-s`` bucket the offered rate, answered rate and p99::
@@ -18,9 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -87,13 +90,18 @@ async def generate(url: str, args: argparse.Namespace) -> Run:
             ok, status = False, 0
         run.records.append(Record(at, (time.monotonic() - started) * 1000 if ok else None, status))
 
+    stop = asyncio.Event()  # SIGTERM: send nothing more, wait for the answers, write the summary
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     timeout = ClientTimeout(total=args.request_timeout_s)
     async with ClientSession(timeout=timeout) as session:
         next_at = 0.0
-        while next_at < args.duration_s:
+        while next_at < args.duration_s and not stop.is_set():
             now = time.monotonic() - t0
             if next_at > now:
-                await asyncio.sleep(next_at - now)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), next_at - now)
+                if stop.is_set():
+                    break
             rate = rate_at(next_at, day_s=args.day_s, base_rps=args.base_rps, peak_rps=args.peak_rps,
                            start_hour=args.start_hour)
             run.offered.append((next_at, rate))
