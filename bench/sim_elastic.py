@@ -50,6 +50,8 @@ RULES: tuple[tuple[str, str, Any, Any], ...] = (
     ("tail_protection", "tail_protection", True, False),
     ("victim_by_service", "victim_by_service", True, False),
     ("speedup_growth", "speedup_growth", True, False),
+    ("victim_by_remaining", "victim_by_remaining", True, False),
+    ("admit_keep_50", "admit_keep_percent", 50, 0),
 )
 ARTIFACT = {"rigid FIFO + greedy backfill": 6262, "Tiresias": 3470, "Pollux": 2446}
 
