@@ -130,6 +130,11 @@ def _table(baseline: Metrics, elastic: Metrics | None) -> str:
     show_default=True,
     help="A job waiting longer than this (s) counts as starved.",
 )
+@click.option(
+    "--moldable-start",
+    is_flag=True,
+    help="Elastic mode: a waiting job the base scheduler does not start begins on the free whole nodes (>= its min).",
+)
 @click.option("--progress/--no-progress", default=None, help="Progress bar on stderr (default: on a TTY).")
 def simulate_cmd(  # noqa: PLR0917 - click passes every option by keyword
     workload: str,
@@ -146,6 +151,7 @@ def simulate_cmd(  # noqa: PLR0917 - click passes every option by keyword
     resize_cost: float,
     walltime_factor: float,
     starvation_threshold: float,
+    moldable_start: bool,
     progress: bool | None,
 ) -> None:
     """Replay WORKLOAD on NODES x GPUS-PER-NODE GPUs: rigid baseline vs elastic mode.
@@ -162,6 +168,7 @@ def simulate_cmd(  # noqa: PLR0917 - click passes every option by keyword
             interval=interval,
             resize_cost=resize_cost,
             walltime_factor=walltime_factor,
+            moldable_start=moldable_start,
         )
         loaded = load_workload(workload, fmt)  # type: ignore[arg-type]
         policy = _load_policy(policy_file, config)

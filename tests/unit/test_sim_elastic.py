@@ -179,3 +179,14 @@ def test_one_policy_per_run_and_settings_are_checked() -> None:
         AdapterSettings(min_fraction=2.0)
     assert adapter.age_priority(59) == 1 and adapter.age_priority(120) == 3
     assert adapter.at(90.0) == datetime(2024, 1, 1, 0, 1, 30, tzinfo=UTC)
+
+
+def test_cli_moldable_start_changes_only_the_elastic_column() -> None:
+    args = ["simulate", _workload(), "--format", "pollux", "--nodes", "16", "--gpus-per-node", "4",
+            "--policy", str(SIM_POLICY), "--json"]
+    plain = CliRunner().invoke(main, args)
+    molded = CliRunner().invoke(main, [*args, "--moldable-start"])
+    assert plain.exit_code == 0 and molded.exit_code == 0, molded.output
+    a, b = json.loads(plain.stdout), json.loads(molded.stdout)
+    assert a["baseline"] == b["baseline"]  # rigid jobs never mold
+    assert a["elastic"]["avg_jct"] != b["elastic"]["avg_jct"]
