@@ -272,8 +272,18 @@ nodes_ready() {
     ! awk '$2 ~ /down|unk|not_responding|inval|fail|drain/' <<< "$out" | grep -q .
 }
 
+# `flock LOCK netns-cluster.sh start` hands its lock fd to this script: slurmdbd keeps inherited fds and would hold
+# the lock for as long as it runs (as measured for cluster.sh).
+close_inherited_fds() {
+  local fd
+  for fd in $(ls /proc/$$/fd); do
+    if ((fd > 2 && fd != 255)); then eval "exec $fd>&-" 2>/dev/null || true; fi
+  done
+}
+
 cmd_start() {
   local t0=$SECONDS
+  close_inherited_fds
   make_network
   heal_all
   make_dirs
