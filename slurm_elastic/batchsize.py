@@ -30,8 +30,9 @@ makes).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class BatchModelError(ValueError):
@@ -229,3 +230,59 @@ def lr_factor(rule: str, global_batch: int, stats: GradStats | None, init_batch:
     if rule == "adascale" and stats is not None:
         return stats.gain(global_batch)
     return math.sqrt(global_batch / init_batch)
+
+
+@dataclass(frozen=True)
+class AdaptiveState:
+    """The latest opt-in, statistics and step-time fit read from a job's gradstats records."""
+
+    limits: BatchLimits
+    lr_rule: str
+    stats: GradStats | None
+    step_model: LinearStepModel | None
+
+
+def read_state(records: Iterable[Mapping[str, Any]], gpus_per_node: int) -> AdaptiveState | None:
+    """The state the records (oldest first) leave; None when the job never opted in. Bad records are skipped.
+    The step-time fit: compute seconds per sample from the latest report, all-reduce seconds per node from the
+    latest report at more than one node (0 until there is one)."""
+    limits: BatchLimits | None = None
+    rule = "sqrt"
+    stats: GradStats | None = None
+    per_sample: float | None = None
+    sync_per_node = 0.0
+    for rec in records:
+        try:
+            if isinstance(rec.get("opt_in"), Mapping):
+                o = rec["opt_in"]
+                limits = BatchLimits(int(o["init_batch"]), int(o["max_batch"]), int(o["max_local_batch"]),
+                                     int(o.get("min_local_batch", 1)))
+                rule = str(o.get("lr_rule", "sqrt")) if o.get("lr_rule", "sqrt") in LR_RULES else "sqrt"
+                continue
+            if "grad_sqr" not in rec:
+                continue
+            s = GradStats(float(rec["grad_sqr"]), float(rec["grad_var"]), int(rec["init_batch"]))
+            nodes, local, accum = int(rec["nodes"]), int(rec["local_batch"]), int(rec["accum_steps"])
+            compute, step = float(rec["compute_s"]), float(rec["step_s"])
+            if nodes < 1 or local < 1 or accum < 0 or not 0 < compute <= step or not math.isfinite(step):
+                continue
+        except (KeyError, TypeError, ValueError):
+            continue
+        stats = s
+        per_sample = compute / (local * (accum + 1))
+        if nodes > 1:
+            sync_per_node = (step - compute) / nodes
+    if limits is None:
+        return None
+    if stats is not None and stats.init_batch != limits.init_batch:
+        stats = None  # statistics of another configuration
+    model = LinearStepModel(per_sample, sync_per_node, gpus_per_node) if per_sample is not None else None
+    return AdaptiveState(limits, rule, stats, model)
+
+
+def goodput_at(state: AdaptiveState, nodes: int, gpus_per_node: int) -> BatchPlan | None:
+    """The goodput-best plan on ``nodes`` x ``gpus_per_node`` GPUs from a job's published state; None without
+    statistics or a step-time fit, or when no plan fits (what the policy ranks an opted-in unit by)."""
+    if state.stats is None or state.step_model is None or nodes < 1 or gpus_per_node < 1:
+        return None
+    return choose_plan(nodes * gpus_per_node, state.stats, state.limits, state.step_model)

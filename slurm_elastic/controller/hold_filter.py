@@ -47,6 +47,8 @@ VOLATILE_INPUTS = frozenset({
     # a serving unit's published numbers move every report; its hold reason and size say when it matters
     "p99_ms", "requests_per_s", "queue_depth", "window_p99_ms", "window_peak_rps", "forecast_rps",
     "since_grow_s", "replicas_reported", "rps_per_replica", "cold_start_s",
+    # adaptive batch size: the job's statistics and the model's goodput move with every report
+    "noise_scale", "goodput_now", "goodput_next",
 })
 UTIL_BAND_PCT = 10.0
 EFFICIENCY_BAND = 0.1
@@ -57,6 +59,7 @@ BANDED_INPUTS: Mapping[str, float] = {
     "shrunk_share": EFFICIENCY_BAND,  # tail_protection: the share of its life a unit ran shrunk
     "speedup_efficiency": EFFICIENCY_BAND,  # speedup_growth: the next step's modelled marginal efficiency
     "next_speedup": EFFICIENCY_BAND,
+    "batch_efficiency_now": EFFICIENCY_BAND, "batch_efficiency_next": EFFICIENCY_BAND,  # adaptive batch size
 }
 UNCHANGED_SINCE = "unchanged_since"
 _NOT_SEEDED = object()

@@ -9,6 +9,7 @@ and restart cost. A paused unit goes through all of it and then holds with PAUSE
 
 from __future__ import annotations
 
+from slurm_elastic.batchsize import goodput_at
 from slurm_elastic.policy.capacity import need_of
 from slurm_elastic.policy.config import UnitSettings
 from slurm_elastic.policy.model import ElasticUnit, JobUtilization, Scalar
@@ -274,7 +275,13 @@ def _speedup(w: UnitWork, s: UnitSettings, ctx: Context, util: JobUtilization, *
     current = w.current
     add = min(s.step, w.unit.max_nodes - current)
     sc = scaling(util.throughput, current, s, ctx.now)
-    if sc.usable and sc.next_step is not None:
+    measured = sc.usable and sc.next_step is not None and sc.next_measured
+    # an opted-in job (adaptive batch size): unless the next size was measured, the goodput the shared model
+    # predicts at the plan it picks for each size
+    adaptive = None if measured else _adaptive_speedup(w, util, current, add)
+    if adaptive is not None:
+        speedup, source, basis = adaptive, "goodput model", Basis.THROUGHPUT
+    elif sc.usable and sc.next_step is not None:
         speedup, source, basis = speedup_from_efficiency(sc.next_step, current, add), "throughput", Basis.THROUGHPUT
     else:
         speedup, source, basis = model_speedup(mean, current, add), "utilization model", Basis.UTILIZATION
@@ -302,6 +309,30 @@ def _speedup(w: UnitWork, s: UnitSettings, ctx: Context, util: JobUtilization, *
         return
     w.gain_s = gain.gain_s if gain.gain_s != float("inf") else 1e18 * speedup
     _grow_checks(w, s, ctx, util=util, reason=Reason.SPEEDUP_GAIN, msg=what, basis=basis, want=add, efficiency=eff)
+
+
+def _adaptive_speedup(w: UnitWork, util: JobUtilization, current: int, add: int) -> float | None:
+    """Adaptive batch size: goodput of the best plan at ``current + add`` nodes over that at ``current``
+    (slurm_elastic.batchsize, the model the job reads its batch from), with the numbers recorded; None when the
+    unit did not opt in or has no statistics and step times yet."""
+    state = util.adaptive
+    if state is None or current < 1 or add < 1:
+        return None
+    model = state.step_model
+    per_node = util.gpus_allocated // current if util.gpus_allocated >= current else (
+        model.gpus_per_node if model is not None else 0)
+    now, nxt = goodput_at(state, current, per_node), goodput_at(state, current + add, per_node)
+    if now is None or nxt is None or not now.goodput > 0:
+        return None
+    assert state.stats is not None  # goodput_at answers only with statistics
+    w.inputs.update({
+        "noise_scale": round(state.stats.noise_scale, 1),
+        "batch_now": now.global_batch, "batch_next": nxt.global_batch,
+        "local_batch_next": nxt.local_batch, "accum_steps_next": nxt.accum_steps,
+        "batch_efficiency_now": round(now.efficiency, 3), "batch_efficiency_next": round(nxt.efficiency, 3),
+        "goodput_now": round(now.goodput, 2), "goodput_next": round(nxt.goodput, 2),
+    })
+    return nxt.goodput / now.goodput
 
 
 def _grow_checks(

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
+from slurm_elastic.batchsize import AdaptiveState
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver, UnitSettings
 from slurm_elastic.policy.model import (
     ActionInProgress,
@@ -76,6 +77,7 @@ class UnitMeasure:
     gpus_in_use: int = 0
     throughput: tuple[ThroughputSample, ...] = ()
     restart_s: float | None = None
+    adaptive: AdaptiveState | None = None  # an opted-in job's adaptive-batch state (slurm_elastic.batchsize)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ def utilization(unit_id: int, samples: Iterable[UtilizationSample], since: datet
         gpus_in_use=m.gpus_in_use,
         throughput=m.throughput,
         restart_s=m.restart_s,
+        adaptive=m.adaptive,
     )
 
 
@@ -173,7 +176,7 @@ class PolicyInputBuilder:
         for u in ordered:
             r = self.reads(u)
             m = measures.get(u.unit_id)
-            if m is not None and not r.goodput and (m.throughput or m.restart_s is not None):
+            if m is not None and not r.goodput and (m.throughput or m.restart_s is not None or m.adaptive):
                 m = UnitMeasure(m.gpus_allocated, m.gpus_in_use)
             found = utilization(u.unit_id, samples.get(u.unit_id, ()), r.since, m)
             if found is not None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from slurm_elastic.batchsize import AdaptiveState
 from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.slurm.model import ClusterSnapshot, GresCount, Job
@@ -155,6 +156,8 @@ class JobUtilization:
     gpus_in_use: int = 0
     throughput: tuple[ThroughputSample, ...] = ()
     restart_s: float | None = None
+    # adaptive batch size: the job's opt-in, gradient statistics and step-time fit (slurm_elastic.batchsize)
+    adaptive: AdaptiveState | None = None
 
 
 @dataclass(frozen=True)

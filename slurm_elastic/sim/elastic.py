@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from slurm_elastic.batchsize import AdaptiveState
+
 
 @dataclass(frozen=True)
 class JobView:
@@ -50,6 +52,7 @@ class JobView:
     account: str | None = None
     application: str | None = None
     time_limit: float | None = None  # seconds: the limit the base scheduler trusts (see docs/simulator.md)
+    adaptive: AdaptiveState | None = None  # an opted-in job's adaptive-batch state, as it would publish it
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from slurm_elastic.sim.elastic import (
     ResizeRequest,
 )
 from slurm_elastic.sim.errors import PerfModelError, SimulationError, WorkloadError
+from slurm_elastic.sim.perfmodel.adaptive import AdaptiveBatchJobPerf
 from slurm_elastic.sim.perfmodel.base import JobPerf, Shape
 from slurm_elastic.sim.scheduler import PendingJob, RunningJob, plan
 from slurm_elastic.sim.workload import JobSpec
@@ -433,6 +434,8 @@ class Simulation:
                     max_nodes=job.max_nodes,
                     gpu_util=0.0 if restarting else job.perf.utilization(job.shape, now_epoch),
                     throughput=0.0 if restarting else job.perf.throughput(job.shape, now_epoch),
+                    adaptive=job.perf.adaptive_state(job.shape, now_epoch)
+                    if isinstance(job.perf, AdaptiveBatchJobPerf) else None,
                     progress=min(1.0, progress / total) if total > 0 else 1.0,
                     resizes=job.resizes,
                     last_resize_time=job.last_resize,

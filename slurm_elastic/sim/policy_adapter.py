@@ -428,7 +428,7 @@ class ProductionPolicy:
             measures[state.job_id] = UnitMeasure(
                 gpus_allocated=view.num_gpus, gpus_in_use=round(view.num_gpus * view.gpu_util),
                 throughput=tuple(s for q in state.throughput.values() for s in q),
-                restart_s=self.sim.resize_cost if state.restarted else None)
+                restart_s=self.sim.resize_cost if state.restarted else None, adaptive=view.adaptive)
         return units, samples, measures, jobs
 
     def _slurm_nodes(self, snapshot: ClusterSnapshot) -> tuple[Node, ...]:

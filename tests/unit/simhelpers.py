@@ -30,10 +30,10 @@ class LinearPerf:
     def rate(self, shape: Shape, epoch: int) -> float:
         return sum(shape) / self.gpus / self.runtime
 
-    def utilization(self, shape: Shape) -> float:
+    def utilization(self, shape: Shape, epoch: int = 0) -> float:
         return 0.5
 
-    def throughput(self, shape: Shape) -> float:
+    def throughput(self, shape: Shape, epoch: int = 0) -> float:
         return self.rate(shape, 0)
 
 

@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slurm_elastic.batchsize import (
+    AdaptiveState,
     BatchLimits,
     BatchModelError,
     GradNoiseEstimator,
     GradStats,
     LinearStepModel,
     choose_plan,
+    goodput_at,
     local_batch_candidates,
     lr_factor,
 )
+from slurm_elastic.controller.hold_filter import BANDED_INPUTS, VOLATILE_INPUTS
+from slurm_elastic.policy import Action, Basis, Decision, Reason, decide
+from slurm_elastic.policy.inputs import PolicyInputBuilder, Sample, UnitMeasure
 from slurm_elastic.sim.perfmodel.adaptive import AdaptiveBatchJobPerf
 from slurm_elastic.sim.perfmodel.appdata import load_app
 from slurm_elastic.sim.perfmodel.pollux import PolluxApplication, PolluxJobPerf
 from slurm_elastic.sim.traces import pollux_app_dir, traces_dir
+from tests.unit.policy_builders import NOW, cfg, job, make_input, nodes, tput, unit, util
 
 
 def test_efficiency_is_pollux_formula() -> None:
@@ -170,8 +179,8 @@ def test_job_reads_a_plan_for_its_size_from_what_it_published(tmp_path: Path) ->
     small, big = goodput.batch_plan(2, 4, path=path), goodput.batch_plan(4, 4, path=path)
     assert small is not None and big is not None and small.basis == big.basis == "goodput"
     model = LinearStepModel(0.001, 0.1, 4)
-    for nodes, got in ((2, small), (4, big)):
-        want = choose_plan(nodes * 4, stats, BatchLimits(64, 4096, 128, 8), model)
+    for size, got in ((2, small), (4, big)):
+        want = choose_plan(size * 4, stats, BatchLimits(64, 4096, 128, 8), model)
         assert want is not None
         assert (got.local_batch, got.accum_steps, got.global_batch) == (want.local_batch, want.accum_steps,
                                                                         want.global_batch)
@@ -209,3 +218,69 @@ def test_noise_estimator_recovers_the_statistics() -> None:
     assert stats.noise_scale == pytest.approx(per_sample_var / true_sqr)
     with pytest.raises(BatchModelError):
         est.update(1.0, 64, 1.0, 64)
+
+
+# --- the policy ranks opted-in units by the goodput model -------------------------------------------------------
+def _state(var: float, sync_per_node: float) -> AdaptiveState:
+    return AdaptiveState(LIMITS, "sqrt", GradStats(1.0, var, 64), LinearStepModel(0.001, sync_per_node, 4))
+
+
+def _policy_decide(states: dict[int, AdaptiveState | None], free: int = 1, **kw: Any) -> dict[int, Decision]:
+    busy = [f"n{i + 1}" for i in range(len(states))]
+    us = [unit(job(jid, nodes=(busy[i],), time_limit_min=600, priority=1000), max_nodes=4)
+          for i, jid in enumerate(states)]
+    utils = [replace(util(jid, 92, restart=60.0), adaptive=st) for jid, st in states.items()]
+    inp = make_input(us, nodes(len(busy) + free, busy=busy), utils=utils)
+    kw.setdefault("speedup_growth", True)
+    return {d.unit_id: d for d in decide(inp, cfg(**kw), NOW)}
+
+
+def test_policy_gives_the_spare_node_to_the_larger_goodput_gain() -> None:
+    """Same utilization; the noisy job with a costly all-reduce gains more goodput from a second node (its batch
+    grows with it) than the clean one, whatever the unit ids say."""
+    for noisy, clean in ((100, 101), (101, 100)):
+        got = _policy_decide({noisy: _state(200.0, 0.005), clean: _state(0.1, 0.005)}
+                             if noisy < clean else {clean: _state(0.1, 0.005), noisy: _state(200.0, 0.005)})
+        d = got[noisy]
+        assert (d.action, d.reason, d.basis) == (Action.GROW, Reason.SPEEDUP_GAIN, Basis.THROUGHPUT)
+        assert d.inputs["speedup_source"] == "goodput model"
+        state = _state(200.0, 0.005)
+        now, nxt = goodput_at(state, 1, 4), goodput_at(state, 2, 4)
+        assert now is not None and nxt is not None
+        assert d.inputs["next_speedup"] == pytest.approx(round(nxt.goodput / now.goodput, 3))
+        assert (d.inputs["batch_now"], d.inputs["batch_next"]) == (now.global_batch, nxt.global_batch)
+        assert d.inputs["noise_scale"] == pytest.approx(64 * 200.0)
+        assert got[clean].action is Action.HOLD
+
+
+def test_without_statistics_the_policy_falls_back_to_the_other_sources() -> None:
+    no_stats = AdaptiveState(LIMITS, "sqrt", None, None)
+    d = _policy_decide({100: no_stats})[100]
+    assert d.inputs["speedup_source"] == "utilization model" and "batch_next" not in d.inputs
+
+
+def test_adaptive_state_reaches_the_policy_only_where_goodput_is_used() -> None:
+    u = unit(job(100))
+    measure = UnitMeasure(4, 4, adaptive=_state(1.0, 0.0))
+    samples = {100: [Sample(NOW - timedelta(seconds=s), 50.0, 50.0) for s in range(0, 300, 30)]}
+    for on in (True, False):
+        builder = PolicyInputBuilder(cfg(speedup_growth=on), NOW, 30)
+        got = builder.build(make_input([u], nodes(2, busy=["n1"])).snapshot, [u], samples=samples,
+                            measures={100: measure}).utilization[100]
+        assert (got.adaptive is not None) is on
+
+
+def test_hold_filter_bands_or_skips_the_adaptive_inputs() -> None:
+    assert {"noise_scale", "goodput_now", "goodput_next"} <= VOLATILE_INPUTS
+    assert {"batch_efficiency_now", "batch_efficiency_next"} <= set(BANDED_INPUTS)
+
+
+def test_a_measured_next_size_wins_over_the_goodput_model() -> None:
+    busy = ("n1",)
+    u = unit(job(100, nodes=busy, time_limit_min=600), max_nodes=4)
+    samples = tput(1, 100.0) + tput(2, 110.0, age=3000)  # it ran at 2 nodes before: barely faster
+    inp = make_input([u], nodes(3, busy=busy),
+                     utils=[replace(util(100, 92, throughput=samples), adaptive=_state(200.0, 0.005))])
+    (d,) = decide(inp, cfg(speedup_growth=True), NOW)
+    assert (d.action, d.reason) == (Action.HOLD, Reason.LOW_SPEEDUP_GAIN)
+    assert d.inputs["speedup_source"] == "throughput" and "batch_next" not in d.inputs

@@ -16,7 +16,15 @@ statistical efficiency): what an opted-in job publishes, so the policy ranks its
 
 from __future__ import annotations
 
-from slurm_elastic.batchsize import BatchLimits, BatchPlan, GradStats, choose_plan, local_batch_candidates
+from slurm_elastic.batchsize import (
+    AdaptiveState,
+    BatchLimits,
+    BatchPlan,
+    GradStats,
+    LinearStepModel,
+    choose_plan,
+    local_batch_candidates,
+)
 from slurm_elastic.sim.errors import PerfModelError
 from slurm_elastic.sim.perfmodel.base import Shape
 from slurm_elastic.sim.perfmodel.pollux import MAX_MEASURED_GPUS, PolluxApplication
@@ -96,6 +104,17 @@ class AdaptiveBatchJobPerf:
     def throughput(self, shape: Shape, epoch: int = 0) -> float:
         """Goodput: samples/s at the plan times its statistical efficiency (what an opted-in job publishes)."""
         return self.plan(shape, epoch).goodput
+
+    def adaptive_state(self, shape: Shape, epoch: int) -> AdaptiveState:
+        """What the job has published, as the policy reads it: its limits, the epoch's statistics and the
+        linear step model fitted to the step it runs now (compute per sample, all-reduce per node)."""
+        placement = canonical_placement(shape)
+        plan = self.plan(shape, epoch)
+        step, sync = self.app.table.lookup(placement, plan.local_batch)
+        nodes = len(placement)
+        gpus_per_node = max(placement) if placement else 1
+        model = LinearStepModel((step - sync) / plan.local_batch, sync / nodes if nodes > 1 else 0.0, gpus_per_node)
+        return AdaptiveState(self.limits, "sqrt", self.stats(epoch), model)
 
     def _largest_valid_size(self) -> int:
         """Largest GPU count with a plan on a packed 1-GPU-per-node-agnostic count (within 64 GPUs)."""
