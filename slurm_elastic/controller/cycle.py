@@ -25,6 +25,7 @@ from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.extension import orphaned_extensions, parse_tag
 from slurm_elastic.controller.goodput import GoodputReader, StoreJournal
+from slurm_elastic.controller.gradstats import GradStatsReader
 from slurm_elastic.controller.hold_filter import HoldFilter
 from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import LossRecorder
@@ -110,6 +111,7 @@ class Controller:
         self._sacct_failing = False
         self.accounting = AccountingCache(slurm, cfg.accounting_refresh_s)  # sshare weights, Slurm GPU limits
         self.goodput = GoodputReader(StoreJournal(store))  # jobs' published throughput (docs/goodput.md)
+        self.gradstats = GradStatsReader()  # opted-in jobs' adaptive-batch state (docs/goodput.md)
         self.serving = ServingReader(store.demand)  # serving units' load and latency (docs/serving.md)
         self._last_sample: dict[int, datetime] = {}
         self._slurm_down_since: float | None = None
@@ -372,6 +374,12 @@ class Controller:
             if rows and reads.goodput and (found := self.goodput.read_unit(u, builder.now)) is not None:
                 measures[u.unit_id] = replace(measures[u.unit_id], throughput=found.samples,
                                               restart_s=found.restart_s)
+            if rows and reads.goodput:
+                per_node = measures[u.unit_id].gpus_allocated // max(1, u.current_nodes)
+                adaptive = self.gradstats.read_unit(u, builder.now, per_node)
+                if adaptive is not None:
+                    measures[u.unit_id] = replace(measures[u.unit_id], adaptive=adaptive)
+        self.gradstats.forget({p for u in units if (p := self.gradstats.path_for(u)) is not None})
         return samples, measures
 
     def _serving_loads(self, units: Sequence[ElasticUnit], builder: PolicyInputBuilder) -> dict[int, ServingLoad]:

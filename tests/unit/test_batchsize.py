@@ -284,3 +284,35 @@ def test_a_measured_next_size_wins_over_the_goodput_model() -> None:
     (d,) = decide(inp, cfg(speedup_growth=True), NOW)
     assert (d.action, d.reason) == (Action.HOLD, Reason.LOW_SPEEDUP_GAIN)
     assert d.inputs["speedup_source"] == "throughput" and "batch_next" not in d.inputs
+
+
+# --- the controller reads the job's file for the policy ---------------------------------------------------------
+def test_controller_reads_the_published_state_safely(tmp_path: Path) -> None:
+    import os
+    import pwd
+
+    from slurm_elastic import goodput
+    from slurm_elastic.controller.gradstats import GradStatsReader
+
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    u = unit(replace(job(7, nodes=("n1",), user=me), working_dir=str(tmp_path)))
+    reader = GradStatsReader()
+    path = reader.path_for(u)
+    assert path == str(tmp_path / ".slurm-elastic" / "gradstats-7.jsonl")
+    assert reader.read_unit(u, NOW, 4) is None  # no file
+    at = NOW.timestamp() - 60
+    goodput.opt_in(init_batch=64, max_batch=4096, max_local_batch=128, min_local_batch=8, path=path, at=at)
+    state = reader.read_unit(u, NOW, 4)
+    assert state is not None and state.stats is None and state.limits.max_batch == 4096
+    goodput.publish_grad_stats(GradStats(1.0, 200.0, 64), nodes=2, gpus_per_node=4, local_batch=16,
+                               accum_steps=0, compute_s=0.016, step_s=0.026, path=path, at=at + 1)
+    state = reader.read_unit(u, NOW, 4)
+    assert state is not None and state.stats is not None and state.stats.noise_scale == pytest.approx(12800)
+    assert state.step_model is not None and state.step_model.gpus_per_node == 4
+    assert state.step_model.compute_s_per_sample == pytest.approx(0.001)
+    assert state.step_model.sync_s_per_node == pytest.approx(0.005)
+    # someone else's file (here: a symlink to it) is refused, never read
+    os.remove(path)
+    os.symlink(tmp_path / "elsewhere", path)
+    (tmp_path / "elsewhere").write_text('{"time": 1, "opt_in": {}}\n')
+    assert reader.read_unit(u, NOW, 4) is None
