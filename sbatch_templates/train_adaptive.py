@@ -5,7 +5,7 @@ Run it with torchrun_elastic.sbatch (``SLURM_ELASTIC_TRAIN_SCRIPT=$PWD/train_ada
 beside it: the checkpoint and resize contract is that file's). At every (re)start rank 0 opts in with the job's
 limits and reads the plan for the current world from :func:`slurm_elastic.goodput.batch_plan` (per-replica
 batch, accumulation steps, learning-rate factor; sqrt or AdaScale scaling, ``--lr-rule``) and every rank runs it.
-Each step estimates the gradient noise from the first micro-batch's gradient (``local_batch`` samples) and the
+Each step estimates the gradient noise from the gradient of the first half of the first micro-batch and the
 all-reduced one (the global batch); every 20 steps rank 0 publishes the smoothed statistics and the measured
 compute and step times (docs/goodput.md, "Adaptive batch size"). Rank 0 logs each plan as ``batch_plan
 world=W local_batch=B accum_steps=A global_batch=M lr_factor=F basis=X``.
@@ -87,14 +87,19 @@ def main() -> None:
         began = time.monotonic()
         opt.zero_grad()
         first: list[torch.Tensor] = []
+        b, half = plan.local_batch, max(1, plan.local_batch // 2)
         for m in range(micro):
-            x = torch.randn(plan.local_batch, 64)
-            y = x.sum(dim=1, keepdim=True) + args.noise * torch.randn(plan.local_batch, 1)
-            loss = (model(x) - y).pow(2).mean() / micro
-            loss.backward()
-            time.sleep(args.sample_seconds * plan.local_batch)  # the compute a real model would do
-            if m == 0:
-                first = [p.grad.detach() * micro for p in params if p.grad is not None]
+            x = torch.randn(b, 64)
+            y = x.sum(dim=1, keepdim=True) + args.noise * torch.randn(b, 1)
+            # two backward passes per micro-batch: after the first half of the first one the gradient is that of
+            # ``half`` samples (the small batch of the noise estimate; the all-reduced one is the big batch)
+            for lo, hi in ((0, half), (half, b)):
+                if hi > lo:
+                    loss = (model(x[lo:hi]) - y[lo:hi]).pow(2).sum() / (b * micro)
+                    loss.backward()
+                if m == 0 and lo == 0:
+                    first = [p.grad.detach() * (b * micro / half) for p in params if p.grad is not None]
+            time.sleep(args.sample_seconds * b)  # the compute a real model would do
         computed = time.monotonic() - began
         small = torch.tensor([sum(float(g.pow(2).sum()) for g in first)])
         for p in params:  # data-parallel: average gradients over the current world
@@ -103,13 +108,13 @@ def main() -> None:
             p.grad /= world
         dist.all_reduce(small)
         big = sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None)
-        if plan.global_batch > plan.local_batch:
-            gns.update(float(small.item()) / world, plan.local_batch, big, plan.global_batch)
+        if plan.global_batch > half:
+            gns.update(float(small.item()) / world, half, big, plan.global_batch)
         opt.step()
         step += 1
         compute_sum += computed
         step_sum += time.monotonic() - began
-        flags = torch.tensor([loss.item() * micro, 1.0 if GRACE["requested"] or resize.resize_pending() else 0.0])
+        flags = torch.tensor([loss.item() * micro * 2, 1.0 if GRACE["requested"] or resize.resize_pending() else 0.0])
         dist.all_reduce(flags)
         if rank == 0:
             print(f"step={step} loss={flags[0].item() / world:.4f} world={world}", flush=True)
