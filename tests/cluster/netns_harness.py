@@ -55,12 +55,35 @@ class NetnsAgents(Agents):
         return f"{node_addr(node)}:0"
 
 
+def spawn_agent(cluster: TestCluster, node: str, key_file: Path, *, interval_s: float = 1.0,
+                window_s: float = 4) -> subprocess.Popen[bytes]:
+    """The agent of ``node`` in the node's namespace, listening on the node's address (log: <root>/log/agent-X.log)."""
+    lib = build_library(REPO / "build" / "vgpu")
+    env = {**cluster.env, "LD_LIBRARY_PATH": str(lib.parent),
+           "SLURM_ELASTIC_VGPU_STATE": str(cluster.root / "vgpu" / f"{node}.state")}
+    with open(cluster.root / "log" / f"agent-{node}.log", "ab") as log:
+        return subprocess.Popen(
+            [*in_ns(node), sys.executable, "-c", "from slurm_elastic.cli import main; main()", "agent", "-v",
+             "--node", node, "--listen", node_addr(node), "--port", str(AGENT_PORT),
+             "--key-file", str(key_file), "--gpu-map-dir", str(cluster.root / "gpu-map"),
+             "--interval", str(interval_s), "--window", str(window_s), "--metrics-port", "0"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+
+
+def stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def running_netns_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = 1.0,
                          window_s: float = 4) -> Iterator[NetnsAgents]:
     """One agent per node, in the node's namespace on its address, over fresh 4-GPU virtual state; stopped on exit."""
     install_plugins(cluster)
-    lib = build_library(REPO / "build" / "vgpu")
     vgpu_dir = cluster.root / "vgpu"
     for k, node in enumerate(cluster.nodes):
         StateFile(vgpu_dir / f"{node}.state").write(
@@ -75,15 +98,7 @@ def running_netns_agents(cluster: TestCluster, key_dir: Path, *, interval_s: flo
     logs = cluster.root / "log"
     try:
         for node in cluster.nodes:
-            env = {**cluster.env, "LD_LIBRARY_PATH": str(lib.parent),
-                   "SLURM_ELASTIC_VGPU_STATE": str(vgpu_dir / f"{node}.state")}
-            with open(logs / f"agent-{node}.log", "ab") as log:
-                procs[node] = subprocess.Popen(
-                    [*in_ns(node), sys.executable, "-c", "from slurm_elastic.cli import main; main()", "agent", "-v",
-                     "--node", node, "--listen", node_addr(node), "--port", str(AGENT_PORT),
-                     "--key-file", str(key_file), "--gpu-map-dir", str(cluster.root / "gpu-map"),
-                     "--interval", str(interval_s), "--window", str(window_s), "--metrics-port", "0"],
-                    env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            procs[node] = spawn_agent(cluster, node, key_file, interval_s=interval_s, window_s=window_s)
         result = NetnsAgents(cluster, key_file.read_bytes(), procs, key_file, token_file)
 
         def all_up() -> bool | None:
@@ -99,10 +114,4 @@ def running_netns_agents(cluster: TestCluster, key_dir: Path, *, interval_s: flo
         yield result
     finally:
         for p in procs.values():
-            p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            stop_agent(p)
