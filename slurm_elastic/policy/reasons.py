@@ -135,9 +135,9 @@ REASON_DOCS: dict[Reason, str] = {
     "its life (tail_protection); it grows back to its request, ahead of pending jobs",
     Reason.TAIL_PROTECTED: "hold: a higher-priority pending job waits, but this unit has run below its requested "
     "size for more than max_shrunk_share of its life (tail_protection), so it is not shrunk for it",
-    Reason.SPEEDUP_GAIN: "grow (speedup_growth): the next step's speedup (throughput, else the linear-sync "
-    "model of utilization) saves more of the remaining time than a restart costs; spare nodes go to the largest "
-    "saving first",
+    Reason.SPEEDUP_GAIN: "grow (speedup_growth): the next step's speedup (throughput, for an opted-in job the "
+    "goodput model of adaptive batch size, else the linear-sync model of utilization) saves more of the "
+    "remaining time than a restart costs; spare nodes go to the largest saving first",
     Reason.LOW_SPEEDUP_GAIN: "hold (speedup_growth): the next step's marginal efficiency is below "
     "goodput_min_marginal_efficiency, or the time it saves does not exceed a restart",
     Reason.SLO_AT_RISK: "grow (serving): the short window's p99 latency or load per replica is above "
