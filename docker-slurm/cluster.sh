@@ -395,7 +395,7 @@ nodes_ready() {
 
 resume_nodes() {
   local n state
-  for n in $(node_names); do
+  for n in $(all_node_names); do  # a power-saved node left DOWN by a failed resume is powered down again
     state=$(sinfo -h -n "$n" -o '%T' | head -1)
     case "$state" in
       down*|drain*|unknown*|fail*) scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true ;;

@@ -9,6 +9,8 @@ ETC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=/dev/null
 . "$ETC/power.env"
 export SLURM_CONF
+# slurmctld runs this with a bare environment: no PATH to find slurmd, scontrol, unshare
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 exec >> "$POWER_LOG" 2>&1
 delay=$POWER_BOOT_S
 if [ -s "$ETC/power-boot-delay" ]; then delay=$(tr -dc 0-9. < "$ETC/power-boot-delay"); fi
@@ -23,8 +25,11 @@ for n in $(scontrol show hostnames "$1"); do
   if [ -n "$pid" ] && grep -q slurmd "/proc/$pid/comm" 2>/dev/null; then kill -TERM "$pid"; fi
   # slurmctld accepts a resumed node only if its boot time is after the resume request ("Still waiting for
   # boot"): every node here shares the host's boot time, so slurmd runs in a time namespace booted just now.
+  # slurmctld runs this with SIGTERM and others blocked: a slurmd started with that mask never stops (measured),
+  # so the mask is cleared (perl: POSIX sigprocmask) before slurmd starts.
   setsid bash -c 'sleep "$1"; up=$(cut -d. -f1 /proc/uptime)
-    unshare --time --boottime "-$up" slurmd -N "$2" && echo "$(date -u +%FT%T.%N) $2 booted"' _ "$delay" "$n" \
+    perl -MPOSIX -e "sigprocmask(SIG_SETMASK, POSIX::SigSet->new) or die; exec @ARGV" \
+      unshare --time --boottime "-$up" slurmd -N "$2" && echo "$(date -u +%FT%T.%N) $2 booted"' _ "$delay" "$n" \
     < /dev/null >> "$POWER_LOG" 2>&1 &
 done
 exit 0

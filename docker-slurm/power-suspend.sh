@@ -6,6 +6,8 @@ ETC=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=/dev/null
 . "$ETC/power.env"
 export SLURM_CONF
+# slurmctld runs this with a bare environment: no PATH to find slurmd, scontrol, unshare
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 exec >> "$POWER_LOG" 2>&1
 for n in $(scontrol show hostnames "$1"); do
   f="$RUN_DIR/slurmd-$n.pid"
