@@ -16,7 +16,7 @@ from pathlib import Path
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, DecisionFilter, DecisionRecord
 from tests.cluster.agents_harness import REPO, Agents
-from tests.cluster.harness import TestCluster
+from tests.cluster.harness import RELEASE, TestCluster
 
 # Small numbers so a test sees a whole resize in seconds; the rules are the production ones.
 # The cluster tests were written for the 40..80 band without shrink-to-admit; they say so rather than rely on
@@ -45,6 +45,9 @@ def controller_config(tmp: Path, agents: Agents, *, dry_run: bool = False, api_s
     policy.write_text(TEST_POLICY)
     urls = "\n".join(f'{n} = "{agents.url(n)}"' for n in agents.cluster.nodes)
     cfg = tmp / name
+    # A release cluster's client commands are its chrooted wrappers (tests/cluster/harness.py): sbatch for an
+    # extension job must be those too, or the 22.05 client talks to a newer slurmctld ("Incompatible versions").
+    ext_path = ("" if RELEASE == "22.05" else f"{agents.cluster.root / 'bin'}:") + "/usr/local/bin:/usr/bin:/bin"
     cfg.write_text(f"""
 version = 1
 [controller]
@@ -64,7 +67,7 @@ timeout_s = 3
 [agents.urls]
 {urls}
 [extension.env]
-PATH = "/usr/local/bin:/usr/bin:/bin"
+PATH = "{ext_path}"
 SLURM_CONF = "{agents.cluster.env['SLURM_CONF']}"
 [api]
 socket = "{api_socket}"
@@ -200,13 +203,8 @@ def marker_file(cluster: TestCluster) -> Path:
 
 
 def node_count(cluster: TestCluster, job_id: int) -> int:
-    rec = cluster.job_record(job_id)
-    if rec is None:
-        return 0
-    nodes = rec.get("nodes") or ""
-    from slurm_elastic.slurm.hostlist import expand
-
-    return len(expand(str(nodes)))
+    job = cluster.job(job_id)
+    return 0 if job is None else len(job.nodes)
 
 
 def wait_until(what: str, probe: object, timeout: float, proc: ControllerProcess | None = None) -> None:

@@ -13,6 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_elastic.slurm.model import Job
+from slurm_elastic.slurm.openapi import parse_squeue
+
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "docker-slurm" / "cluster.sh"
 # Which cluster: 22.05 (default) or a release cluster (24.11, 26.05), whose env.sh sets both of these and puts
@@ -82,6 +85,14 @@ class TestCluster:
         cp = self.run(["squeue", "--all", "--json"], check=True)
         data: dict[str, object] = json.loads(cp.stdout)
         return data
+
+    def jobs(self) -> tuple[Job, ...]:
+        """The adapter's view of ``squeue --all --json``: the same fields on every release (24.11 and later give
+        numbers as {set, infinite, number} objects and job_state as a list)."""
+        return parse_squeue(self.squeue_json())[1]
+
+    def job(self, job_id: int) -> Job | None:
+        return next((j for j in self.jobs() if j.job_id == job_id), None)
 
     def job_record(self, job_id: int) -> dict[str, object] | None:
         jobs = self.squeue_json().get("jobs")

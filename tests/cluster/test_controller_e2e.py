@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.controller.extension import parse_tag
+from slurm_elastic.slurm.model import Job
 from slurm_elastic.store.records import ActionKind, ActionState
 from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
@@ -32,13 +33,11 @@ pytestmark = pytest.mark.cluster
 DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --window 10s --cooldown 15s --grace 3s --signal USR2"
 
 
-def extensions_of(cluster: TestCluster, leader: int) -> list[dict[str, object]]:
-    jobs = cluster.squeue_json()["jobs"]
-    assert isinstance(jobs, list)
+def extensions_of(cluster: TestCluster, leader: int) -> list[Job]:
     out = []
-    for j in jobs:
-        tag = parse_tag(str(j.get("comment") or ""))
-        if tag and tag.parent == leader and j.get("job_state") in {"RUNNING", "PENDING"}:
+    for j in cluster.jobs():
+        tag = parse_tag(j.comment)
+        if tag and tag.parent == leader and j.state in {"RUNNING", "PENDING"}:
             out.append(j)
     return out
 
@@ -62,9 +61,9 @@ def test_underused_job_shrinks_to_min_after_grace_signal(stack: Agents, tmp_path
     gap = (shrinks[1].created_at - shrinks[0].finished_at).total_seconds()  # type: ignore[operator]
     assert gap >= 15 - 0.5
     # The freed nodes are idle again.
-    rec = cluster.job_record(job)
+    rec = cluster.job(job)
     assert rec is not None
-    kept = str(rec["nodes"])
+    (kept,) = rec.nodes
     wait_until("freed nodes idle", lambda: all(
         s == "idle" for n, s in _node_states(cluster).items() if n != kept), 30)
 
@@ -81,7 +80,7 @@ def test_busy_job_grows_to_max_with_extension_jobs_as_its_owner(stack: Agents, t
     cluster.wait_state(job, {"RUNNING"})
     with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
         wait_until("two running extension jobs", lambda: sum(
-            1 for e in extensions_of(cluster, job) if e["job_state"] == "RUNNING") == 2, 150, ctl)
+            1 for e in extensions_of(cluster, job) if e.state == "RUNNING") == 2, 150, ctl)
         grows = ctl.wait_applied(job, ActionKind.GROW, 2)
         # Past the cooldown (the hold turns from COOLDOWN to AT_MAX), then a few more cycles: no third extension.
         wait_until("the cooldown to end at max", lambda: any(
@@ -93,8 +92,8 @@ def test_busy_job_grows_to_max_with_extension_jobs_as_its_owner(stack: Agents, t
     assert len(grows) == 2
     exts = extensions_of(cluster, job)
     for e in exts:
-        assert e["user_name"] == "alice" and e["account"] == "nlp" and e["partition"] == "train"
-        assert e["tres_per_node"] == "gres:gpu:2" and e["name"] == f"elastic-ext-{job}"
+        assert e.user == "alice" and e.account == "nlp" and e.partition == "train"
+        assert e.gpus_per_node() == 2 and e.name == f"elastic-ext-{job}"
     starts = [line for line in marker.read_text().splitlines() if "role=extension" in line]
     assert len(starts) == 2 and all(f"parent={job}" in s for s in starts)
     assert decisions[-1].action == "hold" and decisions[-1].reason == "AT_MAX"
@@ -130,9 +129,7 @@ def test_het_job_gpu_component_shrinks(stack: Agents, tmp_path: Path) -> None:
     assert cp.returncode == 0, cp.stderr
     leader = int(cp.stdout.strip().split(";")[0])
     cluster.wait_state(leader, {"RUNNING"})
-    comp = next(j for j in cluster.squeue_json()["jobs"]  # type: ignore[union-attr]
-                if j["het_job_id"] == leader and j["het_job_offset"] == 1)
-    comp_id = int(comp["job_id"])
+    comp_id = next(j.job_id for j in cluster.jobs() if j.het_job_id == leader and j.het_job_offset == 1)
     assert node_count(cluster, comp_id) == 2
     with running_controller(cluster, controller_config(tmp_path, stack)) as ctl:
         wait_until("the GPU component to shrink to 1 node", lambda: node_count(cluster, comp_id) == 1, 120, ctl)
@@ -192,7 +189,7 @@ def test_sigkill_between_intent_and_outcome_reconciles_without_duplicates(
     first = actions[0]
     if crash_at == "grow:after-submit":  # the extension existed: reconcile found it by its key
         assert first.state == ActionState.APPLIED and "reconciled" in first.message
-        assert parse_tag(str(exts[0]["comment"])).key == first.idempotency_key  # type: ignore[union-attr]
+        assert parse_tag(exts[0].comment).key == first.idempotency_key  # type: ignore[union-attr]
     else:  # nothing was submitted: aborted, and a later cycle grew anew
         assert first.state == ActionState.ABORTED
         assert any(a.state == ActionState.APPLIED for a in actions[1:])
@@ -245,7 +242,7 @@ def test_torchrun_workers_join_the_rendezvous_as_the_job_grows(stack: Agents, tm
 
     with running_controller(cluster, cfg) as ctl:
         wait_until("two running extension jobs", lambda: sum(
-            1 for e in extensions_of(cluster, job) if e["job_state"] == "RUNNING") == 2, 180, ctl)
+            1 for e in extensions_of(cluster, job) if e.state == "RUNNING") == 2, 180, ctl)
         wait_until("a rendezvous of 3 members", lambda: 3 in world_sizes(), 180, ctl)
     leader_out = (cluster.jobs_dir / f"{job}.out").read_text(errors="replace")
     assert "rendezvous world_size=1" in leader_out  # it started alone, then re-formed as the job grew

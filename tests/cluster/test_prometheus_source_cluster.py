@@ -76,7 +76,7 @@ def test_controller_on_prometheus_shrinks_an_idle_job_and_grows_a_busy_one(stack
             with running_controller(cluster, config) as ctl:
                 wait_until("the idle job to shrink to 1 node and the busy one to grow by an extension",
                            lambda: node_count(cluster, idle) == 1 and sum(
-                               1 for e in extensions_of(cluster, busy) if e["job_state"] == "RUNNING") == 1, 90, ctl)
+                               1 for e in extensions_of(cluster, busy) if e.state == "RUNNING") == 1, 90, ctl)
                 shrinks = ctl.wait_applied(idle, ActionKind.SHRINK, 1)
                 grows = ctl.wait_applied(busy, ActionKind.GROW, 1)
                 st = ctl.store()

@@ -128,7 +128,7 @@ def test_template_trains_through_grow_and_shrink_without_repeating_steps(
         trains_on("after the shrink", "1")
         set_util(util, 100)  # grow 1 -> 3 with one extension job of 2 nodes
         wait_until("an extension job of 2 nodes", lambda: any(
-            e["job_state"] == "RUNNING" for e in extensions_of(cluster, job)), 120, ctl)
+            e.state == "RUNNING" for e in extensions_of(cluster, job)), 120, ctl)
         trains_on("after the grow", "3")
         set_util(util, 0)  # shrink 3 -> 1: the extension is cancelled
         wait_until("the extension to go", lambda: not extensions_of(cluster, job), 120, ctl)

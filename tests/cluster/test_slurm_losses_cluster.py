@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.controller.extension import parse_tag
+from slurm_elastic.slurm.model import Job
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionRecord
 from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
@@ -54,17 +55,11 @@ def _config(tmp_path: Path, agents: Agents, *, qos: str) -> Path:
     return cfg
 
 
-def _jobs(cluster: TestCluster) -> list[dict[str, object]]:
-    jobs = cluster.squeue_json()["jobs"]
-    assert isinstance(jobs, list)
-    return [dict(j) for j in jobs]
-
-
-def extensions_of(cluster: TestCluster, leader: int, states: set[str]) -> list[dict[str, object]]:
+def extensions_of(cluster: TestCluster, leader: int, states: set[str]) -> list[Job]:
     out = []
-    for j in _jobs(cluster):
-        tag = parse_tag(str(j.get("comment") or ""))
-        if tag and tag.parent == leader and j.get("job_state") in states:
+    for j in cluster.jobs():
+        tag = parse_tag(j.comment)
+        if tag and tag.parent == leader and j.state in states:
             out.append(j)
     return out
 
@@ -113,11 +108,11 @@ def test_scavenger_extensions_preempted_by_slurm_are_recorded_and_not_regrown_wi
                        150, ctl)
             exts = extensions_of(cluster, job, {"RUNNING"})
             # Slurm's association and QOS checks let alice run them in scavenger; the leader stays in normal.
-            assert all(e["qos"] == "scavenger" and e["user_name"] == "alice" and e["account"] == "nlp"
+            assert all(e.qos == "scavenger" and e.user == "alice" and e.account == "nlp"
                        for e in exts), exts
-            leader = cluster.job_record(job)
-            assert leader is not None and leader["qos"] == "normal"
-            ext_ids = sorted(int(str(e["job_id"])) for e in exts)
+            leader = cluster.job(job)
+            assert leader is not None and leader.qos == "normal"
+            ext_ids = sorted(e.job_id for e in exts)
             # Past the second grow's cooldown (the hold turns from COOLDOWN to AT_MAX): any cooldown below is the
             # loss's.
             second = ctl.wait_applied(job, ActionKind.GROW, 2)[1]
@@ -148,7 +143,7 @@ def test_scavenger_extensions_preempted_by_slurm_are_recorded_and_not_regrown_wi
             cluster.cancel(high)
             wait_until("the job to regrow after the high job ended",
                        lambda: len(extensions_of(cluster, job, {"RUNNING"})) >= 1, 90, ctl)
-            regrown = [e for e in extensions_of(cluster, job, {"RUNNING"}) if int(str(e["job_id"])) not in ext_ids]
+            regrown = [e for e in extensions_of(cluster, job, {"RUNNING"}) if e.job_id not in ext_ids]
             grows_before = len([a for a in ctl.applied(job, ActionKind.GROW) if a.id in actions_before])
             regrow_actions = [a for a in ctl.wait_applied(job, ActionKind.GROW, grows_before + 1)
                               if a.id not in actions_before]
@@ -167,11 +162,11 @@ def test_scavenger_extensions_preempted_by_slurm_are_recorded_and_not_regrown_wi
     # The loss counted as a resize: every decision inside its cooldown was a COOLDOWN hold, none a grow.
     assert during and all(d.action == "hold" and d.reason == "COOLDOWN" for d in during), \
         [(d.action, d.reason) for d in during]
-    assert regrown and all(e["qos"] == "scavenger" for e in regrown)
+    assert regrown and all(e.qos == "scavenger" for e in regrown)
     assert regrow_actions and all(a.created_at > first + timedelta(seconds=COOLDOWN_S) for a in regrow_actions)
     print(f"\npreempted by Slurm: extensions {ext_ids} -> PREEMPTED by high job {high}; recorded "
           f"{[(d.current_nodes, d.target_nodes) for d in recorded]}; {len(during)} COOLDOWN holds; regrew with "
-          f"{[e['job_id'] for e in regrown]}")
+          f"{[e.job_id for e in regrown]}")
 
 
 
@@ -188,14 +183,14 @@ def test_a_preemption_while_the_controller_was_down_is_read_from_sacct(stack: Ag
             wait_until("a running extension job", lambda: len(extensions_of(cluster, job, {"RUNNING"})) == 1,
                        120, ctl)
             (ext,) = extensions_of(cluster, job, {"RUNNING"})
-            ext_id, ext_nodes = int(str(ext["job_id"])), str(ext["nodes"])
+            ext_id, ext_nodes = ext.job_id, ",".join(ext.nodes)
             ctl.wait_applied(job, ActionKind.GROW, 1)
         # No controller now. Slurm preempts the extension, and forgets it MinJobAge later.
         high = cluster.submit("#!/bin/bash\nsleep 600\n", "-N3", "--exclude=n1", "--gres=gpu:4", "--time=30",
                               "--qos=high", user="bob")
         cluster.wait_state(high, {"RUNNING"}, timeout=60)
         wait_until(f"extension {ext_id} purged from squeue", lambda: all(
-            int(str(j["job_id"])) != ext_id for j in _jobs(cluster)), 300)
+            j.job_id != ext_id for j in cluster.jobs()), 300)
         with running_controller(cluster, cfg) as ctl:
             wait_until("the loss recorded", lambda: losses(ctl, job), 30, ctl)
             (loss,) = losses(ctl, job)
@@ -231,9 +226,9 @@ def test_node_failure_under_an_extension_is_recorded_and_the_job_regrows_when_th
     try:
         with running_controller(cluster, _config(tmp_path, stack, qos="")) as ctl:
             wait_until("an extension running on n4", lambda: [
-                e for e in extensions_of(cluster, job, {"RUNNING"}) if e["nodes"] == victim], 150, ctl)
+                e for e in extensions_of(cluster, job, {"RUNNING"}) if e.nodes == (victim,)], 150, ctl)
             (ext,) = extensions_of(cluster, job, {"RUNNING"})
-            ext_id = int(str(ext["job_id"]))
+            ext_id = ext.job_id
             grows_before = {a.id for a in ctl.applied(job, ActionKind.GROW)}
             # Slurm detects the death by itself (SlurmdTimeout=60, no `scontrol update State=DOWN`): the slurmd
             # is SIGKILLed, the extension's processes are left as they are.
@@ -256,7 +251,7 @@ def test_node_failure_under_an_extension_is_recorded_and_the_job_regrows_when_th
             wait_until(f"{victim} back in service", lambda: _node_state(cluster, victim) in {
                 "idle", "mixed", "allocated"}, 60, ctl)
             wait_until("the job to regrow onto the returned node", lambda: [
-                e for e in extensions_of(cluster, job, {"RUNNING"}) if e["nodes"] == victim], 90, ctl)
+                e for e in extensions_of(cluster, job, {"RUNNING"}) if e.nodes == (victim,)], 90, ctl)
             regrown = [a for a in ctl.wait_applied(job, ActionKind.GROW, len(grows_before) + 1)
                        if a.id not in grows_before]
             st = ctl.store()
@@ -298,8 +293,8 @@ def test_a_leader_with_no_kill_survives_a_non_batch_node_failure_and_is_made_who
     job = cluster.submit(elastic_script(60, directives, marker_file(cluster)), "-N2", "--no-kill",
                          "--nodelist=n1,n2", "--gres=gpu:4", "--time=60", user="alice")
     cluster.wait_state(job, {"RUNNING"})
-    rec = cluster.job_record(job)
-    assert rec is not None and rec["batch_host"] == "n1"
+    rec = cluster.job(job)
+    assert rec is not None and rec.batch_host == "n1"
     victim = "n2"
     killed = False
     try:
@@ -316,7 +311,7 @@ def test_a_leader_with_no_kill_survives_a_non_batch_node_failure_and_is_made_who
             wait_until(f"{victim} back in service", lambda: _node_state(cluster, victim) in {
                 "idle", "mixed", "allocated"}, 60, ctl)
             wait_until("an extension job on the returned node", lambda: [
-                e for e in extensions_of(cluster, job, {"RUNNING"}) if e["nodes"] == victim], 120, ctl)
+                e for e in extensions_of(cluster, job, {"RUNNING"}) if e.nodes == (victim,)], 120, ctl)
             grows = ctl.applied(job, ActionKind.GROW)
             grow_decisions = [d for d in ctl.decisions(job) if d.action == "grow"]
     finally:

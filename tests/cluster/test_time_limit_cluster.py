@@ -39,9 +39,9 @@ DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --step 2 --window 10s --coold
 
 
 def _time_limit_min(cluster: TestCluster, job: int) -> int:
-    rec = cluster.job_record(job)
-    assert rec is not None
-    return int(str(rec["time_limit"]))
+    rec = cluster.job(job)
+    assert rec is not None and rec.time_limit_min is not None
+    return rec.time_limit_min
 
 
 def _scontrol_time_limit(cluster: TestCluster, job: int) -> str:
