@@ -20,7 +20,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from slurm_elastic.agent.auth import ClientAuth
 from slurm_elastic.agent.client import AgentClient
+from slurm_elastic.agent.munge import Munge
+from slurm_elastic.agent.munge_auth import MungeClientAuth
 from slurm_elastic.agent.payload import NodeReport
 from slurm_elastic.vgpu.build import build_library
 from slurm_elastic.vgpu.state import make_node_state
@@ -40,6 +43,8 @@ class Agents:
         self.procs = procs
         self.key_file = key_file
         self.metrics_token_file = metrics_token_file  # the bearer token of /metrics, for agents and controller
+        self.auth = "hmac"  # how the agents authenticate requests: "hmac" (key_file) or "munge"
+        self.client_auth: ClientAuth | None = None  # with "munge": the controller side the tests use
 
     @staticmethod
     def url(node: str) -> str:
@@ -59,7 +64,7 @@ class Agents:
 
     def report(self, node: str) -> NodeReport:
         async def fetch() -> NodeReport:
-            async with AgentClient(self.key, timeout_s=10) as client:
+            async with AgentClient(self.client_auth or self.key, timeout_s=10) as client:
                 return await client.fetch(self.url(node))
 
         return asyncio.run(fetch())
@@ -93,9 +98,10 @@ def install_plugins(cluster: TestCluster) -> None:
 
 @contextlib.contextmanager
 def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = INTERVAL_S,
-                   window_s: float = 30) -> Iterator[Agents]:
+                   window_s: float = 30, auth: str = "hmac") -> Iterator[Agents]:
     """One agent per node (port AGENT_PORT_BASE + node number, /metrics 300 above, with the bearer token in
-    ``key_dir/metrics.token``) over fresh 4-GPU virtual state; stopped on exit."""
+    ``key_dir/metrics.token``) over fresh 4-GPU virtual state; stopped on exit. ``auth = "munge"``: the agents
+    take MUNGE credentials of this process's user from the cluster's munged instead of the key."""
     install_plugins(cluster)
     lib = build_library(REPO / "build" / "vgpu")
     vgpu_dir = cluster.root / "vgpu"
@@ -121,8 +127,12 @@ def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = I
                      "--node", node, "--listen", "127.0.0.1", "--port", str(port), "--key-file", str(key_file),
                      "--gpu-map-dir", str(cluster.root / "gpu-map"), "--interval", str(interval_s),
                      "--window", str(window_s), "--metrics-port", Agents.metrics_address(node).rsplit(":", 1)[1],
-                     "--metrics-token-file", str(token_file)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                     "--metrics-token-file", str(token_file), "--auth", auth,
+                     "--munge-controller-user", str(os.geteuid())], env=env, stdout=log, stderr=subprocess.STDOUT)
         result = Agents(cluster, key_file.read_bytes(), procs, key_file, token_file)
+        result.auth = auth
+        if auth == "munge":
+            result.client_auth = MungeClientAuth(Munge(), os.geteuid())
 
         def all_up() -> bool | None:
             for node, p in procs.items():
