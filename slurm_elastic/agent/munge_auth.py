@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import pwd
 import re
+import threading
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -99,6 +100,9 @@ class MungeRequestVerifier:
         self._max_entries = max_entries
         self._seen: dict[str, float] = {}  # request id -> time after which the credential is expired anyway
         self._next_prune = 0.0
+        # verify runs on worker threads: checking and recording a credential must be one step, or two copies of
+        # one request arriving together could both pass.
+        self._lock = threading.Lock()
 
     def verify(self, method: str, path_qs: str, headers: Mapping[str, str], body: bytes, now: float) -> str:
         """The request's id; raises :class:`AuthError` with a stable reason code."""
@@ -127,12 +131,13 @@ class MungeRequestVerifier:
         if decoded.payload != request_payload(method, path_qs, body):
             raise AuthError("request_mismatch", "the credential was made for another request")
         rid = request_id(credential)
-        self._forget_expired(now)
-        if rid in self._seen:
-            raise AuthError("replayed_credential", "credential already used")
-        if len(self._seen) >= self._max_entries:
-            raise AuthError("too_many_requests", "replay cache full; retry later")  # fail closed
-        self._seen[rid] = decoded.encode_time + decoded.ttl + self.max_skew_s
+        with self._lock:
+            self._forget_expired(now)
+            if rid in self._seen:
+                raise AuthError("replayed_credential", "credential already used")
+            if len(self._seen) >= self._max_entries:
+                raise AuthError("too_many_requests", "replay cache full; retry later")  # fail closed
+            self._seen[rid] = decoded.encode_time + decoded.ttl + self.max_skew_s
         return rid
 
     def _forget_expired(self, now: float) -> None:

@@ -277,3 +277,4 @@ def test_the_controller_refuses_to_start_without_a_reachable_munged(tmp_path: Pa
                     munge_ttl_s=60, source="c.toml")
     with pytest.raises(ConfigError, match="agents.key_file is required"):
         client_auth("hmac", key_file=None, munge_socket="", munge_agent_user="root", munge_ttl_s=60, source="c.toml")
+
