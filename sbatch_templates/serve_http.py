@@ -323,11 +323,25 @@ class Router:
         log(f"router: drained {[r.id for r in victims]} ({left} still in flight); notice "
             f"{'acknowledged' if acked else 'not acknowledged'}")
 
+    async def check_health(self, draining_only: bool) -> None:
+        """Drop replicas that no longer answer: a drained one is not sent requests, so only this finds it gone
+        when its job ends before its file is removed."""
+        for r in list(self.replicas.values()):
+            if (r.draining is not None or not draining_only) and r.inflight == 0 and not await self.healthy(r):
+                self.drop(r.id, "its health check failed")
+
     async def loop(self, stop: asyncio.Event) -> None:
         next_publish = time.monotonic() + self.args.publish_s
+        next_health = next_drained = time.monotonic()
         while not stop.is_set():
             await self.scan()
             await self.on_notice()
+            now = time.monotonic()
+            if now >= next_drained:  # drained replicas every 0.5 s, all of them every 5 s
+                everyone = now >= next_health
+                await self.check_health(draining_only=not everyone)
+                next_drained = now + 0.5
+                next_health = now + 5.0 if everyone else next_health
             if time.monotonic() >= next_publish:
                 self.publish()
                 next_publish += self.args.publish_s
@@ -366,6 +380,14 @@ async def amain(args: argparse.Namespace) -> None:
     loop.add_signal_handler(args.signum, lambda: None)  # the grace signal must not end a replica
     runner, registration = await run_replica(args)
     is_router = os.environ.get("SLURM_ELASTIC_ROLE", "leader") == "leader" and os.environ.get("SLURM_PROCID") == "0"
+    parent = os.getppid()
+
+    async def orphaned() -> None:  # the launcher (the step's task) is gone: so is the step
+        while os.getppid() == parent:
+            await asyncio.sleep(0.5)
+        stop.set()
+
+    watch = loop.create_task(orphaned())
     try:
         if is_router:
             own = f"{os.environ.get('SLURM_JOB_ID', '0')}-{os.environ.get('SLURMD_NODENAME', socket.gethostname())}"
@@ -373,6 +395,7 @@ async def amain(args: argparse.Namespace) -> None:
         else:
             await stop.wait()
     finally:
+        watch.cancel()
         registration.unlink(missing_ok=True)  # the router stops sending here at its next scan
         await runner.cleanup()
 
