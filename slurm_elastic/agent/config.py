@@ -9,7 +9,7 @@ The file must say ``version = 1``; an unknown key, a wrong type or an out-of-ran
     interval_s = 5.0
     key_file = "/etc/slurm-elastic/agent.key"   # auth = "hmac" (the default)
     # auth = "munge"                       # or the site's MUNGE key instead of key_file:
-    # munge_controller_user = "slurm-elastic"
+    # munge_controller_user = "root"
     metrics_listen = "0.0.0.0"            # /metrics for a Prometheus on another host (default 127.0.0.1)
     metrics_token_file = "/etc/slurm-elastic/metrics.token"
 """
@@ -52,7 +52,7 @@ class AgentConfig:
     max_clock_skew_s: float = 30.0
     auth: str = "hmac"
     munge_socket: Path = Path("/run/munge/munge.socket.2")
-    munge_controller_user: str = "slurm-elastic"
+    munge_controller_user: str = "root"
     munge_max_ttl_s: int = 300
     mig_apply: bool = True
     mig_minors_file: Path = Path("/proc/driver/nvidia-caps/mig-minors")
