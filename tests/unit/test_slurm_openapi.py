@@ -1,4 +1,4 @@
-"""squeue/sinfo JSON parsers on recorded replies (22.05 captured; later versions constructed) and bad input."""
+"""squeue/sinfo JSON parsers on recorded replies (22.05, 24.11, 26.05; v0.0.40 constructed) and bad input."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.slurm.errors import SlurmParseError
-from slurm_elastic.slurm.model import GresCount
+from slurm_elastic.slurm.model import GresCount, Job
 from slurm_elastic.slurm.openapi import num, parse_meta, parse_nodes, parse_squeue
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
@@ -59,38 +59,50 @@ def test_2205_sinfo_captured() -> None:
     assert nodes[1].gpus_used() == 1
 
 
-def test_v0042_constructed_squeue_and_sinfo() -> None:
-    meta, jobs = parse_squeue(load("constructed/squeue-v0.0.42.json"))
-    assert meta.data_parser == "v0.0.42" and meta.slurm_release == "24.11.3"
-    run, pend, het = jobs
-    assert run.nodes == ("gpu01", "gpu02") and run.node_count == 2 and run.time_limit_min == 60
-    assert run.priority == 4294 and run.gpus_per_node() == 4 and run.admin_comment.startswith("elastic:v1")
-    assert run.array_job_id is None and run.het_job_id is None
-    assert pend.is_pending and pend.time_limit_min is None and pend.qos == "high"
-    assert het.state == "RUNNING" and het.state_flags == ("COMPLETING",)
-    assert (het.het_job_id, het.het_job_offset, het.display_id) == (103, 1, "103+1")
-
-    _, nodes = parse_nodes(load("constructed/sinfo-v0.0.42.json"))
-    by = {n.name: n for n in nodes}
-    assert by["gpu01"].partitions == ("train", "serve")  # merged across partition entries
-    assert by["gpu01"].gres == (GresCount("gpu", "h100", 4),) and by["gpu01"].gpus_used() == 4
-    assert by["gpu02"].is_drained and not by["gpu02"].is_available
-
-
 @pytest.mark.parametrize(
-    "rel,version",
-    [("constructed/squeue-v0.0.40.json", "v0.0.40"), ("constructed/squeue-v0.0.45.json", "v0.0.45")],
+    "release,version,first",
+    [("24.11", ("v0.0.42", "24.11.5"), 25), ("26.05", ("v0.0.45", "26.05.5"), 1)],
 )
-def test_other_versions(rel: str, version: str) -> None:
-    meta, jobs = parse_squeue(load(rel))
-    assert meta.data_parser == version and meta.known
+def test_recorded_squeue_and_grouped_sinfo(release: str, version: tuple[str, str], first: int) -> None:
+    """Replies recorded on the release clusters (scripts/record-slurm-replies); every field against scontrol's
+    text is in test_slurm_recorded.py, this is the shape: het and array ids, pending jobs, grouped sinfo."""
+    meta, jobs = parse_squeue(load(f"{release}/recorded/squeue.json"))
+    assert (meta.data_parser, meta.slurm_release) == version and meta.known
+    by_name: dict[str, list[Job]] = {}
+    for j in jobs:
+        by_name.setdefault(j.name, []).append(j)
+    (gpu,) = by_name["multi-gpu"]
+    assert gpu.job_id == first and gpu.state == "RUNNING" and gpu.gpus_per_node() == 2 and gpu.time_limit_min == 40
+    het = sorted(by_name["het"], key=lambda j: j.het_job_offset or 0)
+    assert [(j.display_id, len(j.nodes)) for j in het] == [(f"{first + 1}+0", 1), (f"{first + 1}+1", 2)]
+    assert sorted(j.display_id for j in by_name["array"]) == [f"{first + 3}_0", f"{first + 3}_1"]
+    (pending,) = by_name["pending"]
+    assert pending.is_pending and pending.nodes == () and pending.node_count == 4 and pending.gpus_per_node() == 4
+    assert by_name["unlimited"][0].time_limit_min is None
+
+    # sinfo --json groups nodes of equal state; the parser gives one node each, partitions merged.
+    _, nodes = parse_nodes(load(f"{release}/recorded/sinfo.json"))
+    by = {n.name: n for n in nodes}
+    assert sorted(by) == ["n1", "n2", "n3", "n4"]
+    assert all(n.partitions == ("train", "serve") and n.gpus() == 4 for n in nodes)
+    assert by["n4"].is_drained and by["n4"].reason == "recorded drain reason"
+    assert [by[n].port for n in ("n1", "n2", "n3", "n4")] == [by["n1"].port + i for i in range(4)]
+
+
+def test_state_flags_from_a_job_state_list() -> None:
+    """24.11+ give job_state as a list: the first entry is the state, the rest are flags."""
+    doc = load("24.11/recorded/squeue.json")
+    assert isinstance(doc, dict)
+    doc["jobs"] = [dict(doc["jobs"][0], job_state=["RUNNING", "COMPLETING"])]
+    (job,) = parse_squeue(doc)[1]
+    assert job.state == "RUNNING" and job.state_flags == ("COMPLETING",)
+
+
+def test_v0040_constructed() -> None:
+    """23.11's data_parser: no release cluster runs it here, so this one reply is still hand-written."""
+    meta, jobs = parse_squeue(load("constructed/squeue-v0.0.40.json"))
+    assert meta.data_parser == "v0.0.40" and meta.known
     assert len(jobs) == 1
-
-
-def test_v0045_array_and_typed_gres() -> None:
-    _, (job,) = parse_squeue(load("constructed/squeue-v0.0.45.json"))
-    assert job.display_id == "5_2" and job.nodes == ("n1", "n2", "n3")
-    assert job.gres_per_node == (GresCount("gpu", "a100", 2),)
 
 
 def test_num_unwraps_and_rejects() -> None:
