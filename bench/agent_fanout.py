@@ -17,10 +17,16 @@ controller side, decoded by each agent, and one per answer made by the agent and
 all through the munged on ``--munge-socket``, as this process's uid); compare its ``x raw GET`` with a default
 run's to get the cost of MUNGE over the shared key.
 
+``--delay-ms`` and ``--loss-pct`` stand in for a slow, lossy link to every agent (this machine's kernel has no
+sch_netem): each answer waits the delay before it is written, and that share of answers (seeded) waits
+``--retransmit-s`` more (default 1 s: what a lost SYN cost on the namespace cluster, docs/reliability.md N4). Both
+the raw GET and the collect pay it, so the ratio stays a same-run comparison; the wall time is what degrades.
+
 Target: at most 3 s per collection cycle. Loopback only; every loop is bounded in count and time.
 
     .venv/bin/python bench/agent_fanout.py [--agents 2000] [--servers 3] [--cycles 3] [--concurrency 64]
         [--auth hmac|munge] [--munge-socket /run/munge/munge.socket.2]
+        [--delay-ms 200] [--loss-pct 5] [--retransmit-s 1]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import asyncio
 import multiprocessing as mp
 import os
 import queue
+import random
 import secrets
 import statistics
 import sys
@@ -109,15 +116,30 @@ def _client_auth(key: bytes, munge_socket: str | None) -> ClientAuth:
     return HmacClientAuth(key) if munge_socket is None else MungeClientAuth(Munge(munge_socket), os.geteuid())
 
 
+def _slow_link(delay_s: float, loss: float, retransmit_s: float, rng: random.Random) -> object:
+    """aiohttp middleware: every answer waits ``delay_s``; a ``loss`` share waits ``retransmit_s`` more."""
+    @web.middleware
+    async def middleware(request: web.Request, handler: object) -> web.StreamResponse:
+        wait = delay_s + (retransmit_s if rng.random() < loss else 0.0)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return await handler(request)  # type: ignore[operator,no-any-return]
+    return middleware
+
+
 async def _serve(shard: int, indices: list[int], secret: tuple[bytes, str | None],
-                 ports: mp.Queue[tuple[int, list[int]] | str], stop: mp.Event) -> None:  # type: ignore[type-arg]
+                 ports: mp.Queue[tuple[int, list[int]] | str], stop: mp.Event,  # type: ignore[type-arg]
+                 *, link: tuple[float, float, float] = (0.0, 0.0, 1.0)) -> None:
     runners: list[web.AppRunner] = []
     bound: list[int] = []
     now = time.time()
+    rng = random.Random(20261201 + shard)
     try:
         for index in indices:
             sampler = _StubSampler(node_report(index, now))
             app = AgentApp(sampler, _verifier(*secret)).build()  # type: ignore[arg-type]
+            if link[0] > 0 or link[1] > 0:
+                app.middlewares.append(_slow_link(*link, rng))  # type: ignore[arg-type]
             body = sampler.latest()[1] or b""
 
             async def raw(_: web.Request, body: bytes = body) -> web.Response:
@@ -140,9 +162,10 @@ async def _serve(shard: int, indices: list[int], secret: tuple[bytes, str | None
 
 
 def _server_main(shard: int, indices: list[int], secret: tuple[bytes, str | None],
-                 ports: mp.Queue[tuple[int, list[int]] | str], stop: mp.Event) -> None:  # type: ignore[type-arg]
+                 ports: mp.Queue[tuple[int, list[int]] | str], stop: mp.Event,  # type: ignore[type-arg]
+                 *, link: tuple[float, float, float] = (0.0, 0.0, 1.0)) -> None:
     try:
-        asyncio.run(_serve(shard, indices, secret, ports, stop))
+        asyncio.run(_serve(shard, indices, secret, ports, stop, link=link))
     except Exception as exc:  # report, so the parent does not wait for ports that never come
         ports.put(f"server failed: {type(exc).__name__}: {exc}")
 
@@ -182,7 +205,13 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--auth", choices=("hmac", "munge"), default="hmac")
     ap.add_argument("--munge-socket", default="/run/munge/munge.socket.2")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="every answer waits this long (a slow link)")
+    ap.add_argument("--loss-pct", type=float, default=0.0, help="this share of answers also waits --retransmit-s")
+    ap.add_argument("--retransmit-s", type=float, default=1.0)
     args = ap.parse_args()
+    if not (0 <= args.delay_ms <= 10_000 and 0 <= args.loss_pct <= 100 and 0 <= args.retransmit_s <= 10):
+        ap.error("--delay-ms 0..10000, --loss-pct 0..100, --retransmit-s 0..10")
+    link = (args.delay_ms / 1000, args.loss_pct / 100, args.retransmit_s)
     n_agents = max(1, min(args.agents, 10_000))
     n_servers = max(1, min(args.servers, 16))
     cycles = max(1, min(args.cycles, 20))
@@ -193,7 +222,8 @@ def main() -> int:
     ports_q: mp.Queue[tuple[int, list[int]] | str] = ctx.Queue()
     stop = ctx.Event()
     shards = [list(range(i, n_agents, n_servers)) for i in range(n_servers)]
-    procs = [ctx.Process(target=_server_main, args=(i, shard, (key, munge_socket), ports_q, stop), daemon=True)
+    procs = [ctx.Process(target=_server_main, args=(i, shard, (key, munge_socket), ports_q, stop),
+                         kwargs={"link": link}, daemon=True)
              for i, shard in enumerate(shards)]
     setup0 = time.perf_counter()
     for p in procs:
@@ -210,7 +240,8 @@ def main() -> int:
                 agents[f"node{index:05d}"] = f"http://{HOST}:{port}"
         agents = dict(sorted(agents.items()))
         print(f"{len(agents)} agents on {n_servers} server processes, ready in {time.perf_counter() - setup0:.1f} s; "
-              f"{cycles} cycles, concurrency {args.concurrency}, auth {auth.scheme}")
+              f"{cycles} cycles, concurrency {args.concurrency}, auth {auth.scheme}; link delay "
+              f"{args.delay_ms:g} ms, {args.loss_pct:g}% answers +{args.retransmit_s:g} s")
         urls = list(agents.values())
         single = asyncio.run(asyncio.wait_for(_single(urls[0], auth, max(1, min(args.single, 1000))),
                                               CYCLE_TIMEOUT_S))
