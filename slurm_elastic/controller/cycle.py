@@ -50,12 +50,13 @@ from slurm_elastic.policy import (
     decide,
     parse_config,
 )
+from slurm_elastic.policy.capacity import is_resumable_node
 from slurm_elastic.policy.holds import LOOKBACK_S as BACKOFF_LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, UnitMeasure
 from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd, ServingLoad
 from slurm_elastic.slurm.adapter import FinalStateReader, PowerConfigReader
 from slurm_elastic.slurm.errors import SlurmError
-from slurm_elastic.slurm.model import ClusterSnapshot, Job
+from slurm_elastic.slurm.model import ClusterSnapshot, Job, Node
 from slurm_elastic.slurm.openapi import gc_paused
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.records import (
@@ -564,9 +565,19 @@ class Controller:
 
 
 def _unusable_nodes(snap: ClusterSnapshot, nodelist: str | None) -> str:
-    """The nodes of ``nodelist`` that are gone, down, drained or not responding (comma-separated), or ""."""
+    """The nodes of ``nodelist`` that are gone, down, drained or not responding (comma-separated), or "". A node
+    Slurm's power saving resumes for the job (powered down, or powering up) is not: ResumeTimeout decides
+    whether it comes back (controller/power.py)."""
     names = [n for n in (nodelist or "").split(",") if n]
-    return ",".join(n for n in names if (node := snap.node(n)) is None or not node.is_available)
+    return ",".join(n for n in names if (node := snap.node(n)) is None
+                    or not (node.is_available or _booting(node)))
+
+
+def _booting(node: Node) -> bool:
+    if is_resumable_node(node):
+        return True
+    return ("POWERING_UP" in node.state_flags and node.state not in {"DOWN", "FAIL", "FAILING"}
+            and "DRAIN" not in node.state_flags)
 
 
 def _owner(snap: ClusterSnapshot, leader_id: int, fallback: object) -> str | None:
