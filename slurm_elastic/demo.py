@@ -1,5 +1,7 @@
 """The live demo on the local test cluster (``scripts/demo``): agents over virtual GPUs, the controller, and two
 elastic jobs, one idle and one busy, shown as the controller shrinks the first and grows the second.
+``scripts/demo --serving``: a service (sbatch_templates/serve_http.sbatch) scaling with a daily load curve while
+a training job yields nodes at the peak and takes them back after it.
 
 Everything is real except the GPUs: the agents read NVML through nvidia-ml-py over the virtual library, the jobs
 run as alice and bob, and the controller acts through Slurm. Demo-sized policy: 20 s window, 20 s cooldown, 5 s
@@ -9,6 +11,7 @@ grace, and the 40..80 band so that the 10% and 95% jobs are far from both ends. 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -87,8 +90,9 @@ class Demo:
             urls[node] = f"http://127.0.0.1:{port}"
         return urls
 
-    def start_controller(self, urls: dict[str, str]) -> Path:
-        (self.dir / "policy.toml").write_text(POLICY)
+    def start_controller(self, urls: dict[str, str], policy: str = POLICY,
+                         ext_path: str = "/usr/local/bin:/usr/bin:/bin") -> Path:
+        (self.dir / "policy.toml").write_text(policy)
         db = self.dir / "state.db"
         if db.exists():
             db.unlink()
@@ -107,7 +111,7 @@ timeout_s = 3
 [agents.urls]
 {url_lines}
 [extension.env]
-PATH = "/usr/local/bin:/usr/bin:/bin"
+PATH = "{ext_path}"
 SLURM_CONF = "{self.env['SLURM_CONF']}"
 """)
         log = open(self.dir / "controller.log", "ab")  # noqa: SIM115
@@ -186,12 +190,142 @@ SLURM_CONF = "{self.env['SLURM_CONF']}"
                 p.kill()
 
 
+SERVING_POLICY = POLICY + """serving_up_window_s = 10
+serving_down_window_s = 60
+serving_down_cooldown_s = 10
+serving_cold_start_s = 10
+"""
+SERVING_DIRECTIVES = ("#ELASTIC --serving --slo-p99 50ms --target-rps-per-replica 40 --min-nodes 1 --max-nodes 2 "
+                      "--grace 10s --signal USR1")
+JOB_PATH = f"{REPO / '.venv-jobs' / 'bin'}:/usr/local/bin:/usr/bin:/bin"  # aiohttp and numpy for the service
+
+
+class ServingDemo(Demo):
+    """``--serving``: alice's service (sbatch_templates/serve_http.sbatch, 1..2 replicas) next to bob's busy
+    training job (1..3 nodes) under a day of load compressed to 80 s (bench/serving_load.py), then the night."""
+
+    def submit_service(self) -> tuple[int, Path]:
+        work = self.root / "jobs" / f"demo-serve-{int(time.time())}"
+        work.mkdir(parents=True)
+        shutil.copy(REPO / "sbatch_templates" / "serve_http.py", work / "serve_http.py")
+        shutil.chown(work, "alice")
+        lines = (REPO / "sbatch_templates" / "serve_http.sbatch").read_text().splitlines()
+        script = "\n".join(SERVING_DIRECTIVES if ln.startswith("#ELASTIC --serving") else ln for ln in lines
+                           if not ln.startswith("#ELASTIC --grace")) + "\n"
+        env = {**self.env, "PATH": JOB_PATH, "PYTHONPATH": str(REPO),
+               "SLURM_ELASTIC_SERVE_ARGS": "--service-ms 10 --publish-s 1"}
+        job = self.slurm.submit_as("alice", script, [f"--chdir={work}", f"--output={self.root}/jobs/demo-serve-%j.out",
+                                                     "-N1", "--gres=gpu:4", "--time=30"], env=env)
+        self.jobs.append(job)
+        return job, work
+
+    def load(self, work: Path, job: int, name: str, *args: str) -> subprocess.Popen[bytes]:
+        router = work / ".slurm-elastic" / f"serve-{job}" / "router.json"
+        deadline = time.monotonic() + 60
+        while not router.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "serving_load.py"), "--router-file", str(router),
+                                 "--host", "127.0.0.1", "--out", str(self.dir / f"{name}.json"), *args])
+        self.procs.append(proc)
+        return proc
+
+    def sizes(self, *jobs: int) -> dict[int, int]:
+        snap = self.slurm.snapshot()
+        return {j: sum(len(x.nodes) for x in snap.jobs if x.is_running and
+                       (x.job_id == j or f"parent={j} " in x.comment)) for j in jobs}
+
+    def run(self, db: Path) -> bool:
+        serve, work = self.submit_service()
+        train = self.submit("bob", 95, 1, "train")
+        print(f"alice's service {serve}: 1..2 replicas, SLO p99 50 ms, 40 req/s per replica; bob's training job "
+              f"{train}: 1..3 nodes, always busy (4 nodes in all)\n", flush=True)
+        names = {serve: "service", train: "training"}
+        seen: set[int] = set()
+        served: list[str] = []
+        phase, night = "warm-up", None
+        day: subprocess.Popen[bytes] | None = None
+        out = self.root / "jobs" / f"demo-serve-{serve}.out"
+        deadline = time.monotonic() + self.duration
+        last: dict[int, int] = {}
+        grew = shrank = False
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            sizes = self.sizes(serve, train)
+            if sizes != last:
+                last = sizes
+                print(f"{datetime.now():%H:%M:%S}  [service {sizes[serve]} replica(s)  training "
+                      f"{sizes[train]} node(s)]", flush=True)
+            if phase == "warm-up" and sizes[train] == 3:
+                phase = "day"
+                print(f"{datetime.now():%H:%M:%S}  load: one day in 80 s (06:00-24:00, 4..70 req/s)", flush=True)
+                day = self.load(work, serve, "day", "--duration-s", "80", "--day-s", str(80 * 24 / 18),
+                                "--start-hour", "6", "--base-rps", "4", "--peak-rps", "70")
+            elif phase == "day" and day is not None and day.poll() is not None:
+                phase = "night"
+                print(f"{datetime.now():%H:%M:%S}  load: the night at 4 req/s", flush=True)
+                night = self.load(work, serve, "night", "--duration-s", "300", "--base-rps", "4",
+                                  "--peak-rps", "4")
+            grew = grew or sizes[serve] == 2
+            shrank = shrank or (grew and sizes[serve] == 1)
+            if out.exists():
+                lines = [ln for ln in out.read_text(errors="replace").splitlines() if ln.startswith("serve[")
+                         and ("serving rps=" in ln or "router: " in ln)]
+                for ln in lines[len(served):]:
+                    if "router: " in ln or len(served) % 5 == 0:  # the load every 5 s, every router event
+                        print(f"{'':8}  {ln}", flush=True)
+                served = lines
+            try:
+                store = SqlStore.open(f"sqlite:///{db}", create=False)
+            except Exception:  # the controller has not created it yet
+                continue
+            try:
+                for d in sorted(store.decisions.list_decisions(DecisionFilter(limit=200)), key=lambda x: x.id):
+                    if d.id in seen or d.job_id not in names:
+                        continue
+                    seen.add(d.id)
+                    if d.action != "hold" or d.reason in {"NO_FREE_NODES", "REPLICA_WARMING"}:
+                        print(f"{d.time.astimezone(UTC):%H:%M:%S}  {d.job_id:>5} {names[d.job_id]:8} {d.action:6} "
+                              f"{d.current_nodes}->{d.target_nodes}  {d.reason}: {d.message}", flush=True)
+            finally:
+                store.close()
+            if shrank and sizes[train] == 3:
+                if night is not None:
+                    night.terminate()
+                    night.wait(60)
+                return True
+        return False
+
+
+def run_serving(args: argparse.Namespace) -> int:
+    demo = ServingDemo(args.cluster_dir, args.duration)
+    shutil.rmtree(demo.dir, ignore_errors=True)
+    demo.dir.mkdir(parents=True)
+    try:
+        db = demo.start_controller(demo.start_agents(), SERVING_POLICY, JOB_PATH)
+        ok = demo.run(db)
+        for name in ("day", "night"):
+            path = demo.dir / f"{name}.json"
+            if path.exists():
+                s = json.loads(path.read_text())
+                print(f"load, {name}: {s['sent']} requests, {s['failed']} failed, {s['shed']} shed, "
+                      f"p99 {s['p99_ms']} ms")
+        print("\ndone: the service scaled out at the peak and in after it; training yielded and took back"
+              if ok else f"\ndemo timed out (see {demo.dir}/controller.log)")
+        return 0 if ok else 1
+    finally:
+        demo.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--cluster-dir", type=Path,
                     default=Path(os.environ.get("SLURM_ELASTIC_CLUSTER_DIR", "/var/tmp/slurm-elastic-cluster")))
     ap.add_argument("--duration", type=float, default=300)
+    ap.add_argument("--serving", action="store_true",
+                    help="a service scaling with a daily load curve next to a training job (docs/serving.md)")
     args = ap.parse_args()
+    if args.serving:
+        return run_serving(args)
     demo = Demo(args.cluster_dir, args.duration)
     shutil.rmtree(demo.dir, ignore_errors=True)
     demo.dir.mkdir(parents=True)
