@@ -395,7 +395,18 @@ nodes_ready() {
 
 resume_nodes() {
   local n state
-  for n in $(all_node_names); do  # a power-saved node left DOWN by a failed resume is powered down again
+  # A power-saved node left DOWN or NOT_RESPONDING by a failed resume is refused by the scheduler
+  # (ReqNodeNotAvail) until it is powered down again: POWER_DOWN_FORCE (its slurmd is not running).
+  for n in $(power_node_names); do
+    pid_alive "$ROOT/run/slurmd-$n.pid" slurmd && continue
+    state=$(scontrol show node "$n" 2>/dev/null | grep -o 'State=[^ ]*' || true)
+    case "$state" in
+      State=DOWN*|*NOT_RESPONDING*)
+        scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true
+        scontrol update NodeName="$n" State=POWER_DOWN_FORCE >/dev/null 2>&1 || true ;;
+    esac
+  done
+  for n in $(node_names); do
     state=$(sinfo -h -n "$n" -o '%T' | head -1)
     case "$state" in
       down*|drain*|unknown*|fail*) scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true ;;

@@ -96,8 +96,10 @@ def add_gres(free: FreeGres, need: Need) -> FreeGres:
 #: Flags of a node Slurm is switching off (or was asked to): never grown onto, whatever else it says.
 _POWERING_DOWN_FLAGS = frozenset({"POWERING_DOWN", "POWER_DOWN"})
 #: Flags that rule a powered-down node out as capacity (the resume would not give a usable node).
+#: NOT_RESPONDING: a node left so by a failed resume (even once RESUMEd) is refused by Slurm's scheduler
+#: (ReqNodeNotAvail, measured on 22.05) until it is powered down again (POWER_DOWN_FORCE).
 _NOT_RESUMABLE_FLAGS = frozenset({"DRAIN", "FAIL", "MAINTENANCE", "RESERVED", "REBOOT_REQUESTED",
-                                  "REBOOT_ISSUED", "POWERING_UP", *_POWERING_DOWN_FLAGS})
+                                  "REBOOT_ISSUED", "POWERING_UP", "NOT_RESPONDING", *_POWERING_DOWN_FLAGS})
 
 
 def is_resumable_node(node: Node) -> bool:

@@ -46,7 +46,8 @@ def _node(cluster: TestCluster, name: str) -> tuple[str, str]:
 
 def _powered_down(cluster: TestCluster, name: str) -> bool:
     state = _node(cluster, name)[0]
-    return state.startswith("IDLE") and "POWERED_DOWN" in state and "POWERING" not in state
+    return (state.startswith("IDLE") and "POWERED_DOWN" in state and "POWERING" not in state
+            and "NOT_RESPONDING" not in state)
 
 
 def _extensions(cluster: TestCluster, leader: int) -> list[Job]:
@@ -68,8 +69,10 @@ def _fail_boot(cluster: TestCluster, node: str) -> Iterator[None]:
     finally:
         path.write_text("")
         state, _ = _node(cluster, node)
-        if "DOWN" in state.split("+")[0] or "DRAIN" in state:
+        if state.startswith("DOWN") or "NOT_RESPONDING" in state:
+            # Slurm refuses a node a failed resume left NOT_RESPONDING until it is powered down again
             cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+            cluster.run(["scontrol", "update", f"NodeName={node}", "State=POWER_DOWN_FORCE"])
         wait_until(f"{node} powered down again", lambda: _powered_down(cluster, node), 60)
 
 

@@ -43,7 +43,8 @@ def test_powered_on_free_nodes_come_first_and_are_never_mixed_with_a_resume() ->
     assert "resume_nodes" not in d.grow.to_dict()
 
 
-@pytest.mark.parametrize("flags", [("POWERING_DOWN",), ("POWER_DOWN",), ("POWERING_UP",), ("DRAIN",)])
+@pytest.mark.parametrize("flags", [("POWERING_DOWN",), ("POWER_DOWN",), ("POWERING_UP",), ("DRAIN",),
+                                   ("NOT_RESPONDING",)])
 def test_never_onto_a_node_powering_down_up_or_drained(flags: tuple[str, ...]) -> None:
     d = _decide([off("n5", *flags)])
     assert (d.action, d.reason) == (Action.HOLD, Reason.NO_FREE_NODES)
