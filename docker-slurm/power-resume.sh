@@ -21,7 +21,7 @@ for n in $(scontrol show hostnames "$1"); do
     continue
   fi
   # A node Slurm gave up on (ResumeTimeout) may still run the slurmd of a late boot: power-cycle it.
-  pid=$(tr -dc 0-9 < "$RUN_DIR/slurmd-$n.pid" 2>/dev/null || true)
+  pid=$(tr -dc 0-9 2>/dev/null < "$RUN_DIR/slurmd-$n.pid" || true)
   if [ -n "$pid" ] && grep -q slurmd "/proc/$pid/comm" 2>/dev/null; then kill -TERM "$pid"; fi
   # slurmctld accepts a resumed node only if its boot time is after the resume request ("Still waiting for
   # boot"): every node here shares the host's boot time, so slurmd runs in a time namespace booted just now.

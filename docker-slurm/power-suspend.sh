@@ -11,7 +11,7 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 exec >> "$POWER_LOG" 2>&1
 for n in $(scontrol show hostnames "$1"); do
   f="$RUN_DIR/slurmd-$n.pid"
-  pid=$(tr -dc 0-9 < "$f" 2>/dev/null || true)
+  pid=$(tr -dc 0-9 2>/dev/null < "$f" || true)
   echo "$(date -u +%FT%T.%N) suspend $n (slurmd pid ${pid:-none})"
   if [ -n "$pid" ] && grep -q slurmd "/proc/$pid/comm" 2>/dev/null; then kill -TERM "$pid"; fi
 done
