@@ -40,7 +40,7 @@ def test_agent_fanout_short() -> None:
     stop = threading.Event()
 
     async def run() -> tuple[int, int]:
-        server = asyncio.create_task(bench._serve(0, list(range(5)), key, ports, stop))
+        server = asyncio.create_task(bench._serve(0, list(range(5)), (key, None), ports, stop))
         try:
             for _ in range(100):  # the servers bind within a few event-loop turns
                 if not ports.empty():
