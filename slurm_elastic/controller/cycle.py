@@ -341,7 +341,8 @@ class Controller:
         """The I/O behind the units' utilization: ask the metrics source (every agent, or Prometheus: the
         collector chosen at start), store one sample per unit, read back each unit's samples of its window and,
         where its settings use it, the goodput the job published."""
-        agents = {n.name: self.cfg.agents.url_for(n.name, n.address) for n in snap.nodes}
+        # A node Slurm has switched off (or is booting) runs no agent: asking it would only record a failure.
+        agents = {n.name: self.cfg.agents.url_for(n.name, n.address) for n in snap.nodes if not n.is_powered_off}
         result = self.collector(agents) if units else CollectResult({}, {})
         for node, report in result.reports.items():
             self.store.agents.agent_seen(node, url=result.url(node, agents), version=report.agent_version,

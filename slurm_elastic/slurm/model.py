@@ -121,6 +121,11 @@ class Node:
     def is_idle(self) -> bool:
         return self.state == "IDLE" and self.is_available
 
+    @property
+    def is_powered_off(self) -> bool:
+        """Switched off by Slurm's power saving, or still booting: no agent can answer there yet."""
+        return bool({"POWERED_DOWN", "POWERING_UP"}.intersection(self.state_flags))
+
     def gpus(self) -> int:
         return sum(g.count for g in self.gres if g.name == "gpu")
 

@@ -105,7 +105,8 @@ def test_grow_onto_a_powered_down_node_and_it_suspends_again(agents: Agents, cle
     # The job ends (the controller is gone, so nothing regrows): n6 idles and Slurm powers it down after
     # SuspendTime (20 s) and SuspendTimeout (10 s).
     cluster.cancel_all()
-    wait_until("n6 powered down again after SuspendTime", lambda: _powered_down(cluster, "n6"), 90)
+    wait_until("n5 and n6 powered down again after SuspendTime",
+               lambda: _powered_down(cluster, "n6") and _powered_down(cluster, "n5"), 90)
     print(f"\nleader on n5 + grow onto n6 running after {resumed_s:.1f}s; whole test {time.monotonic() - t0:.1f}s")
 
 
@@ -131,4 +132,8 @@ def test_resume_failure_keeps_the_unit_and_backs_the_node_off(agents: Agents, cl
             assert not any(d.action == "grow" for d in later), [(d.action, d.reason, d.message) for d in later]
             assert ctl.full_cycles_since(mark) >= 3
         cluster.cancel(job)
+    # Leave the cluster as the next test expects it: the cold nodes switched off, not idling until SuspendTime.
+    cluster.wait_state(job, {"CANCELLED", "COMPLETED"}, timeout=60)
+    cluster.run(["scontrol", "update", "NodeName=n5", "State=POWER_DOWN_FORCE"])
+    wait_until("n5 powered down again", lambda: _powered_down(cluster, "n5"), 60)
     print(f"\nresume failure recorded and cleaned up in {time.monotonic() - t0:.1f}s")

@@ -203,6 +203,26 @@ def test_a_silent_agent_stops_samples_and_never_causes_a_shrink(world: tuple) ->
     assert store.samples.samples(40) == []  # partial coverage stores nothing
 
 
+def test_nodes_slurm_switched_off_or_is_booting_are_not_asked(world: tuple) -> None:  # type: ignore[type-arg]
+    ctl, slurm, agents, clock, store = world
+    slurm.nodes[2] = replace(slurm.nodes[2], state_flags=("CLOUD", "POWERED_DOWN"))
+    slurm.nodes[3] = replace(slurm.nodes[3], state_flags=("CLOUD", "NOT_RESPONDING", "POWERING_UP"))
+    asked: list[set[str]] = []
+    collect = ctl.collector
+
+    def recording(urls: Mapping[str, str]) -> CollectResult:
+        asked.append(set(urls))
+        result: CollectResult = collect(urls)
+        return result
+
+    ctl.collector = recording
+    slurm.add_job(45, ["n1"])
+    agents.util[("n1", 45)] = 50.0
+    run(ctl, clock, 2)
+    assert asked and all(a == {"n1", "n2"} for a in asked), asked
+    assert {a.node for a in store.agents.list_agents()} == {"n1", "n2"}
+
+
 def test_reconcile_resolves_dangling_grows_by_their_key(world: tuple) -> None:  # type: ignore[type-arg]
     ctl, slurm, agents, clock, store = world
     slurm.add_job(50, ["n1"])
