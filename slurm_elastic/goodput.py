@@ -32,7 +32,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,15 +62,35 @@ def goodput_path(work_dir: str, job_id: int | str) -> str:
     return os.path.join(work_dir, DIR_NAME, f"goodput-{job_id}.jsonl")
 
 
-def default_path() -> str | None:
-    """``SLURM_ELASTIC_GOODPUT_FILE``, else the documented path under the current directory; None outside Slurm."""
-    override = os.environ.get(ENV_FILE)
+def job_file(env_var: str, path_for: Callable[[str, str], str]) -> str | None:
+    """The path in ``env_var``, else ``path_for(current directory, leader's job id)``; None outside Slurm.
+    Shared by the files a job publishes (goodput, gradient statistics, serving load)."""
+    override = os.environ.get(env_var)
     if override:
         return override
     job_id = os.environ.get("SLURM_ELASTIC_PARENT") or os.environ.get("SLURM_JOB_ID")
     if not job_id:
         return None
-    return goodput_path(os.getcwd(), job_id)
+    return path_for(os.getcwd(), job_id)
+
+
+def append_line(target: str, line: str) -> bool:
+    """Append one short line to ``target`` (created 0644, never through a symlink); False on any OSError."""
+    try:
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, line.encode())  # one write of a short line: appends never interleave mid-line
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
+def default_path() -> str | None:
+    """``SLURM_ELASTIC_GOODPUT_FILE``, else the documented path under the current directory; None outside Slurm."""
+    return job_file(ENV_FILE, goodput_path)
 
 
 def nodes_from_env() -> int | None:
@@ -123,16 +143,7 @@ def publish(samples_per_s: float | None = None, *, steps_per_s: float | None = N
     target = path or default_path()
     if line is None or target is None:
         return False
-    try:
-        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, line.encode())  # one write of a short line: appends never interleave mid-line
-        finally:
-            os.close(fd)
-    except OSError:
-        return False
-    return True
+    return append_line(target, line)
 
 
 # --- adaptive batch size ----------------------------------------------------------------------------------------
@@ -143,30 +154,14 @@ def gradstats_path(work_dir: str, job_id: int | str) -> str:
 
 def default_gradstats_path() -> str | None:
     """``SLURM_ELASTIC_GRADSTATS_FILE``, else the documented path under the current directory; None outside Slurm."""
-    override = os.environ.get(ENV_GRADSTATS_FILE)
-    if override:
-        return override
-    job_id = os.environ.get("SLURM_ELASTIC_PARENT") or os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        return None
-    return gradstats_path(os.getcwd(), job_id)
+    return job_file(ENV_GRADSTATS_FILE, gradstats_path)
 
 
 def _append(record: Mapping[str, Any], path: str | None) -> bool:
     target = path or default_gradstats_path()
     if target is None:
         return False
-    line = json.dumps(record, separators=(",", ":")) + "\n"
-    try:
-        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
-    except OSError:
-        return False
-    return True
+    return append_line(target, json.dumps(record, separators=(",", ":")) + "\n")
 
 
 def opt_in(*, init_batch: int, max_batch: int, max_local_batch: int, min_local_batch: int = 1,

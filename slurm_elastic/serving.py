@@ -26,7 +26,7 @@ import math
 import os
 import time
 
-from slurm_elastic.goodput import DIR_NAME
+from slurm_elastic.goodput import DIR_NAME, append_line, job_file
 
 ENV_FILE = "SLURM_ELASTIC_SERVING_FILE"
 
@@ -38,13 +38,7 @@ def serving_path(work_dir: str, job_id: int | str) -> str:
 
 def default_path() -> str | None:
     """``SLURM_ELASTIC_SERVING_FILE``, else the documented path under the current directory; None outside Slurm."""
-    override = os.environ.get(ENV_FILE)
-    if override:
-        return override
-    job_id = os.environ.get("SLURM_ELASTIC_PARENT") or os.environ.get("SLURM_JOB_ID")
-    if not job_id:
-        return None
-    return serving_path(os.getcwd(), job_id)
+    return job_file(ENV_FILE, serving_path)
 
 
 def _non_negative(name: str, value: float) -> float:
@@ -91,13 +85,4 @@ def publish(requests_per_s: float, *, p50_ms: float | None = None, p99_ms: float
     target = path or default_path()
     if target is None:
         return False
-    try:
-        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, line.encode())  # one write of a short line: appends never interleave mid-line
-        finally:
-            os.close(fd)
-    except OSError:
-        return False
-    return True
+    return append_line(target, line)
