@@ -199,6 +199,20 @@ def read_file(path: str, uid: int, state: FileState | None, *, now: float,
     return state
 
 
+def read_job_file(unit: ElasticUnit, path: str, state: FileState | None, *, now: float,
+                  max_read: int = MAX_READ, parse: Callable[..., tuple[list[Any], int]] | None = None,
+                  ) -> FileState | None:
+    """:func:`read_file` for a file ``unit``'s job published: it must be its user's, and Slurm's uid must be that
+    user's. Raises :class:`Refused` (an unknown user too) or OSError."""
+    try:
+        uid = pwd.getpwnam(unit.job.user).pw_uid
+    except KeyError:
+        raise Refused(f"unknown user {unit.job.user}") from None
+    if unit.job.uid is not None and unit.job.uid != uid:
+        raise Refused(f"Slurm says uid {unit.job.uid} but {unit.job.user} is uid {uid}")
+    return read_file(path, uid, state, now=now, max_read=max_read, parse=parse)
+
+
 def _pread_all(fd: int, length: int, offset: int) -> bytes:
     chunks: list[bytes] = []
     while length > 0:
@@ -379,12 +393,7 @@ class GoodputReader:
         prev = self.files.get(path)
         prev_bad = prev.bad_lines if prev is not None else 0
         try:
-            uid = pwd.getpwnam(unit.job.user).pw_uid
-            if unit.job.uid is not None and unit.job.uid != uid:
-                raise Refused(f"Slurm says uid {unit.job.uid} but {unit.job.user} is uid {uid}")
-            state = read_file(path, uid, prev, now=now_s, max_read=self.max_read)
-        except KeyError:
-            return self._refused(unit, path, f"unknown user {unit.job.user}")
+            state = read_job_file(unit, path, prev, now=now_s, max_read=self.max_read)
         except Refused as e:
             return self._refused(unit, path, str(e))
         except OSError as e:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pwd
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from slurm_elastic.batchsize import AdaptiveState, read_state
-from slurm_elastic.controller.goodput import FileState, Refused, read_file
+from slurm_elastic.controller.goodput import FileState, Refused, read_job_file
 from slurm_elastic.goodput import DIR_NAME
 from slurm_elastic.policy import ElasticUnit
 
@@ -64,13 +63,7 @@ class GradStatsReader:
         if path is None:
             return None
         try:
-            uid = pwd.getpwnam(unit.job.user).pw_uid
-            if unit.job.uid is not None and unit.job.uid != uid:
-                raise Refused(f"Slurm says uid {unit.job.uid} but {unit.job.user} is uid {uid}")
-            state = read_file(path, uid, self.files.get(path), now=now.timestamp(), parse=parse_records)
-        except KeyError:
-            self._refused(unit, path, f"unknown user {unit.job.user}")
-            return None
+            state = read_job_file(unit, path, self.files.get(path), now=now.timestamp(), parse=parse_records)
         except Refused as e:
             self._refused(unit, path, str(e))
             return None

@@ -26,12 +26,11 @@ import json
 import logging
 import math
 import os
-import pwd
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from slurm_elastic.controller.goodput import FUTURE_SLACK_S, FileState, Refused, read_file
+from slurm_elastic.controller.goodput import FUTURE_SLACK_S, FileState, Refused, read_job_file
 from slurm_elastic.policy import ElasticUnit, ServingLoad, ServingPoint
 from slurm_elastic.policy.config import UnitSettings
 from slurm_elastic.policy.forecast import DemandPoint, SeasonalProfile, peak_ahead
@@ -157,13 +156,7 @@ class ServingReader:
             return None
         prev = self.files.get(path)
         try:
-            uid = pwd.getpwnam(unit.job.user).pw_uid
-            if unit.job.uid is not None and unit.job.uid != uid:
-                raise Refused(f"Slurm says uid {unit.job.uid} but {unit.job.user} is uid {uid}")
-            state = read_file(path, uid, prev, now=now.timestamp(), parse=parse_points)
-        except KeyError:
-            self._refused(unit, path, f"unknown user {unit.job.user}")
-            return None
+            state = read_job_file(unit, path, prev, now=now.timestamp(), parse=parse_points)
         except Refused as e:
             self._refused(unit, path, str(e))
             return None
