@@ -203,14 +203,17 @@ def read_job_file(unit: ElasticUnit, path: str, state: FileState | None, *, now:
                   max_read: int = MAX_READ, parse: Callable[..., tuple[list[Any], int]] | None = None,
                   ) -> FileState | None:
     """:func:`read_file` for a file ``unit``'s job published: it must be its user's, and Slurm's uid must be that
-    user's. Raises :class:`Refused` (an unknown user too) or OSError."""
+    user's. Raises :class:`Refused` with the reason: an unknown user, a file it must not read, or one it cannot."""
     try:
         uid = pwd.getpwnam(unit.job.user).pw_uid
     except KeyError:
         raise Refused(f"unknown user {unit.job.user}") from None
     if unit.job.uid is not None and unit.job.uid != uid:
         raise Refused(f"Slurm says uid {unit.job.uid} but {unit.job.user} is uid {uid}")
-    return read_file(path, uid, state, now=now, max_read=max_read, parse=parse)
+    try:
+        return read_file(path, uid, state, now=now, max_read=max_read, parse=parse)
+    except OSError as e:  # read_file's Refused is no OSError: it passes through as it is
+        raise Refused(f"cannot read: {e}") from e
 
 
 def _pread_all(fd: int, length: int, offset: int) -> bytes:
@@ -396,8 +399,6 @@ class GoodputReader:
             state = read_job_file(unit, path, prev, now=now_s, max_read=self.max_read)
         except Refused as e:
             return self._refused(unit, path, str(e))
-        except OSError as e:
-            return self._refused(unit, path, f"cannot read: {e}")
         if state is None:
             self.files.pop(path, None)
             self._results.pop(path, None)

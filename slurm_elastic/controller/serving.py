@@ -160,9 +160,6 @@ class ServingReader:
         except Refused as e:
             self._refused(unit, path, str(e))
             return None
-        except OSError as e:
-            self._refused(unit, path, f"cannot read: {e}")
-            return None
         if state is None:
             self.files.pop(path, None)
             return None
