@@ -25,7 +25,7 @@ from slurm_elastic.agent.auth import generate_key_file
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.runner import SlurmCommands
 from slurm_elastic.store import SqlStore
-from slurm_elastic.store.records import DecisionFilter
+from slurm_elastic.store.records import DecisionFilter, DecisionRecord
 from slurm_elastic.vgpu.build import build_library
 from slurm_elastic.vgpu.state import make_node_state
 from slurm_elastic.vgpu.statefile import StateFile
@@ -57,6 +57,22 @@ child=$!
 while kill -0 $child 2>/dev/null; do wait $child; done
 sleep 3600
 """
+
+
+def new_decisions(db: Path, seen: set[int]) -> list[DecisionRecord] | None:
+    """The decisions in the controller's SQLite file not in ``seen`` yet (added to it), oldest first; None while
+    the controller has not created the file."""
+    try:
+        store = SqlStore.open(f"sqlite:///{db}", create=False)
+    except Exception:
+        return None
+    try:
+        fresh = [d for d in sorted(store.decisions.list_decisions(DecisionFilter(limit=200)), key=lambda x: x.id)
+                 if d.id not in seen]
+    finally:
+        store.close()
+    seen.update(d.id for d in fresh)
+    return fresh
 
 
 class Demo:
@@ -136,21 +152,14 @@ SLURM_CONF = "{self.env['SLURM_CONF']}"
         print(f"{'time':8}  {'job':>5} {'user':6} {'name':9} action  nodes  reason: message")
         while time.monotonic() < deadline:
             time.sleep(3)
-            try:
-                store = SqlStore.open(f"sqlite:///{db}", create=False)
-            except Exception:  # the controller has not created it yet
+            fresh = new_decisions(db, seen)
+            if fresh is None:  # the controller has not created its DB yet
                 continue
-            try:
-                for d in sorted(store.decisions.list_decisions(DecisionFilter(limit=200)), key=lambda x: x.id):
-                    if d.id in seen:
-                        continue
-                    seen.add(d.id)
-                    if d.action != "hold" or d.reason in {"AT_MIN", "AT_MAX"}:
-                        who = "bob   idle" if d.job_id == idle else "alice busy"
-                        print(f"{d.time.astimezone(UTC):%H:%M:%S}  {d.job_id:>5} {who:16} {d.action:6} "
-                              f"{d.current_nodes}->{d.target_nodes}  {d.reason}: {d.message}", flush=True)
-            finally:
-                store.close()
+            for d in fresh:
+                if d.action != "hold" or d.reason in {"AT_MIN", "AT_MAX"}:
+                    who = "bob   idle" if d.job_id == idle else "alice busy"
+                    print(f"{d.time.astimezone(UTC):%H:%M:%S}  {d.job_id:>5} {who:16} {d.action:6} "
+                          f"{d.current_nodes}->{d.target_nodes}  {d.reason}: {d.message}", flush=True)
             snap = self.slurm.snapshot()
             sizes = {j: sum(len(x.nodes) for x in snap.jobs if x.is_running and
                             (x.job_id == j or f"parent={j} " in x.comment)) for j in (idle, busy)}
@@ -274,20 +283,13 @@ class ServingDemo(Demo):
                     if "router: " in ln or len(served) % 5 == 0:  # the load every 5 s, every router event
                         print(f"{'':8}  {ln}", flush=True)
                 served = lines
-            try:
-                store = SqlStore.open(f"sqlite:///{db}", create=False)
-            except Exception:  # the controller has not created it yet
+            fresh = new_decisions(db, seen)
+            if fresh is None:  # the controller has not created its DB yet
                 continue
-            try:
-                for d in sorted(store.decisions.list_decisions(DecisionFilter(limit=200)), key=lambda x: x.id):
-                    if d.id in seen or d.job_id not in names:
-                        continue
-                    seen.add(d.id)
-                    if d.action != "hold" or d.reason in {"NO_FREE_NODES", "REPLICA_WARMING"}:
-                        print(f"{d.time.astimezone(UTC):%H:%M:%S}  {d.job_id:>5} {names[d.job_id]:8} {d.action:6} "
-                              f"{d.current_nodes}->{d.target_nodes}  {d.reason}: {d.message}", flush=True)
-            finally:
-                store.close()
+            for d in fresh:
+                if d.job_id in names and (d.action != "hold" or d.reason in {"NO_FREE_NODES", "REPLICA_WARMING"}):
+                    print(f"{d.time.astimezone(UTC):%H:%M:%S}  {d.job_id:>5} {names[d.job_id]:8} {d.action:6} "
+                          f"{d.current_nodes}->{d.target_nodes}  {d.reason}: {d.message}", flush=True)
             if shrank and sizes[train] == 3:
                 if night is not None:
                     night.terminate()

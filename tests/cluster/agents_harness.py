@@ -96,14 +96,10 @@ def install_plugins(cluster: TestCluster) -> None:
             os.replace(tmp, dst)
 
 
-@contextlib.contextmanager
-def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = INTERVAL_S,
-                   window_s: float = 30, auth: str = "hmac") -> Iterator[Agents]:
-    """One agent per node (port AGENT_PORT_BASE + node number, /metrics 300 above, with the bearer token in
-    ``key_dir/metrics.token``) over fresh 4-GPU virtual state; stopped on exit. ``auth = "munge"``: the agents
-    take MUNGE credentials of this process's user from the cluster's munged instead of the key."""
+def prepare_agents(cluster: TestCluster, key_dir: Path) -> tuple[Path, Path]:
+    """What every node's agent starts from: the plugins, fresh 4-GPU virtual state per node, a new shared key and
+    metrics token (0600) in ``key_dir``. Returns (key file, token file)."""
     install_plugins(cluster)
-    lib = build_library(REPO / "build" / "vgpu")
     vgpu_dir = cluster.root / "vgpu"
     for k, node in enumerate(cluster.nodes):
         StateFile(vgpu_dir / f"{node}.state").write(
@@ -114,6 +110,18 @@ def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = I
     token_file = key_dir / "metrics.token"
     token_file.write_text(os.urandom(24).hex() + "\n")
     token_file.chmod(0o600)
+    return key_file, token_file
+
+
+@contextlib.contextmanager
+def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = INTERVAL_S,
+                   window_s: float = 30, auth: str = "hmac") -> Iterator[Agents]:
+    """One agent per node (port AGENT_PORT_BASE + node number, /metrics 300 above, with the bearer token in
+    ``key_dir/metrics.token``) over fresh 4-GPU virtual state; stopped on exit. ``auth = "munge"``: the agents
+    take MUNGE credentials of this process's user from the cluster's munged instead of the key."""
+    key_file, token_file = prepare_agents(cluster, key_dir)
+    lib = build_library(REPO / "build" / "vgpu")
+    vgpu_dir = cluster.root / "vgpu"
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = cluster.root / "log"
     try:

@@ -14,9 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from slurm_elastic.vgpu.build import build_library
-from slurm_elastic.vgpu.state import make_node_state
-from slurm_elastic.vgpu.statefile import StateFile
-from tests.cluster.agents_harness import REPO, Agents, install_plugins, wait_for
+from tests.cluster.agents_harness import REPO, Agents, prepare_agents, wait_for
 from tests.cluster.harness import TestCluster
 
 NETNS_SH = REPO / "docker-slurm" / "netns-cluster.sh"
@@ -83,17 +81,7 @@ def stop_agent(proc: subprocess.Popen[bytes]) -> None:
 def running_netns_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = 1.0,
                          window_s: float = 4) -> Iterator[NetnsAgents]:
     """One agent per node, in the node's namespace on its address, over fresh 4-GPU virtual state; stopped on exit."""
-    install_plugins(cluster)
-    vgpu_dir = cluster.root / "vgpu"
-    for k, node in enumerate(cluster.nodes):
-        StateFile(vgpu_dir / f"{node}.state").write(
-            make_node_state(node, cluster.gpus_per_node, minor_base=k * cluster.gpus_per_node))
-    key_file = key_dir / "agent.key"
-    key_file.write_bytes(os.urandom(32).hex().encode())
-    key_file.chmod(0o600)
-    token_file = key_dir / "metrics.token"
-    token_file.write_text(os.urandom(24).hex() + "\n")
-    token_file.chmod(0o600)
+    key_file, token_file = prepare_agents(cluster, key_dir)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = cluster.root / "log"
     try:
