@@ -66,6 +66,7 @@ is ever evaluated as code. Example::
     actions_days = 365
     jobs_days = 90
     cycles_days = 30
+    demand_days = 42           # serving demand history; the forecast reads the last 5 weeks
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ _CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] |
     "hold_heartbeat_s": ((int, float), (0, 86400)),
 }
 _RETENTION_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
-    f"{k}_days": (int, (0, 36500)) for k in ("samples", "decisions", "actions", "jobs", "cycles")
+    f"{k}_days": (int, (0, 36500)) for k in ("samples", "decisions", "actions", "jobs", "cycles", "demand")
 }
 _API_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
     "socket": (str, None),
@@ -351,7 +352,7 @@ def parse_controller_config(text: str, source: str = "<string>",
         extension_qos=ext_qos,
         notice_grace_s=notice_grace_s,
         retention=Retention(samples_s=days("samples"), decisions_s=days("decisions"), actions_s=days("actions"),
-                            jobs_s=days("jobs"), cycles_s=days("cycles")),
+                            jobs_s=days("jobs"), cycles_s=days("cycles"), demand_s=days("demand")),
         api=ApiConfig(
             socket=(Path(api["socket"]) if api["socket"] else None) if "socket" in api else ApiConfig.socket,
             slurm_user=str(api.get("slurm_user", "slurm")),

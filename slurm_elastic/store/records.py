@@ -355,6 +355,7 @@ class Retention:
     actions_s: int | None = 365 * 86400  # terminal journal rows only
     jobs_s: int | None = 90 * 86400  # ended elastic jobs and extension jobs
     cycles_s: int | None = 30 * 86400
+    demand_s: int | None = 42 * 86400  # serving demand slots; the forecast reads the last 5 weeks
 
 
 @dataclass(frozen=True)
@@ -365,3 +366,4 @@ class PruneResult:
     jobs: int = 0
     extensions: int = 0
     cycles: int = 0
+    demand: int = 0

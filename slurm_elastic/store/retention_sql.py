@@ -59,4 +59,8 @@ class SqlRetention:
             with self._db.write("prune cycles") as s:
                 out["cycles"] = _count(s.execute(delete(m.cycle).where(m.cycle.started_at < c)
                                                  .execution_options(synchronize_session=False)))
+        if (c := cutoff(retention.demand_s)) is not None:
+            with self._db.write("prune serving demand") as s:
+                out["demand"] = _count(s.execute(delete(m.demand).where(m.demand.slot < c)
+                                                 .execution_options(synchronize_session=False)))
         return PruneResult(**out)

@@ -290,9 +290,10 @@ n9 = "http://10.0.0.9:1234"
 [retention]
 samples_days = 2
 decisions_days = 0
+demand_days = 3
 """)
     assert cfg.retention.samples_s == 2 * 86400 and cfg.retention.decisions_s is None
-    assert cfg.retention.actions_s == 365 * 86400
+    assert cfg.retention.actions_s == 365 * 86400 and cfg.retention.demand_s == 3 * 86400
     assert cfg.interval_s == 15 and cfg.dry_run
     assert cfg.agents.url_for("n1", "10.0.0.1") == "http://10.0.0.1:9817"
     assert cfg.agents.url_for("n9", "x") == "http://10.0.0.9:1234"

@@ -1,4 +1,5 @@
-"""Retention: old samples, decisions, terminal actions, ended jobs and cycles go; open actions stay."""
+"""Retention: old samples, decisions, terminal actions, ended jobs, cycles and serving demand slots go; open
+actions stay."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from slurm_elastic.store import (
     Retention,
     SqlStore,
 )
+from slurm_elastic.store.records import DemandRecord
 from tests.unit.storehelpers import FakeClock
 
 DAY = 86400
@@ -38,17 +40,21 @@ def test_prune_by_age_keeping_open_journal_rows(store: SqlStore, clock: FakeCloc
     store.jobs.upsert_job(JobObservation(job_id=4, user="a", partition="p", state="RUNNING", current_nodes=1,
                                          min_nodes=1, max_nodes=2))
     store.samples.add_samples([NewSample(1, old, 50.0, 60.0, 4, 4, 10)])
+    store.demand.add_demand(DemandRecord("alice/llm", 7, old, 120.0))
 
     clock.advance(2 * DAY)
     store.samples.add_samples([NewSample(1, clock(), 50.0, 60.0, 4, 4, 10)])
+    store.demand.add_demand(DemandRecord("alice/llm", 7, clock(), 80.0))
     store.decisions.record_decisions(store.decisions.begin_cycle(), [NewDecision(4, "hold", "OK", "new")])
 
     keep_all = store.retention.prune(Retention(samples_s=None, decisions_s=None, actions_s=None, jobs_s=None,
-                                               cycles_s=None))
+                                               cycles_s=None, demand_s=None))
     assert keep_all == type(keep_all)()
     res = store.retention.prune(Retention(samples_s=DAY, decisions_s=DAY, actions_s=DAY, jobs_s=DAY,
-                                          cycles_s=DAY))
-    assert (res.samples, res.decisions, res.actions, res.jobs, res.extensions, res.cycles) == (1, 2, 1, 1, 1, 1)
+                                          cycles_s=DAY, demand_s=DAY))
+    assert (res.samples, res.decisions, res.actions, res.jobs, res.extensions, res.cycles, res.demand) == (
+        1, 2, 1, 1, 1, 1, 1)
+    assert [d.requests_per_s for d in store.demand.demand("alice/llm")] == [80.0]
 
     assert [s.time for s in store.samples.samples(1)] == [clock()]
     remaining = {x.id for x in store.decisions.list_decisions()}
