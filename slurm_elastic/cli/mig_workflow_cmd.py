@@ -21,29 +21,31 @@ from typing import Any
 import click
 
 from slurm_elastic.cli.mig_cmd import fail, mig_cmd
-from slurm_elastic.controller.mig_adapters import (
+from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.mig.adapters import (
     FAULT_ENV,
     CliSlurm,
     CommandDaemons,
     FileNodeLock,
     HttpAgent,
     LocalFiles,
-    StoreJournal,
+    MigStoreJournal,
     SystemClock,
     fault_hook,
     load_agent_auth,
     node_address,
 )
-from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.mig.config import MigConfig, load_mig_config
 from slurm_elastic.mig.errors import LayoutError
 from slurm_elastic.mig.model import Layout, NodeLayout
 from slurm_elastic.mig.parted import node_layout_from_specs, parse_parted_config
 from slurm_elastic.mig.plan import plan_node_change
+from slurm_elastic.mig.ports import WorkflowPorts, WorkflowResult
+from slurm_elastic.mig.steps import Outcome
 from slurm_elastic.mig.suggest import GpuNodeView, PendingRequest, SuggestResult, suggest
 from slurm_elastic.mig.validate import parse_layout
 from slurm_elastic.mig.wire import MigWireError, NodeMigReport, layout_to_obj, node_layout_from_obj
-from slurm_elastic.mig.workflow import MigWorkflow, Outcome, WorkflowPorts, WorkflowResult
+from slurm_elastic.mig.workflow import MigWorkflow
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.store import SqlStore
 
@@ -78,7 +80,7 @@ def _environment(ctx: click.Context, cfg: MigConfig, quiet: bool = False, *, jou
     except SlurmElasticError as exc:
         fail(ctx, str(exc))
     try:
-        jnl: Any = StoreJournal(store.journal) if store is not None else _NoJournal()
+        jnl: Any = MigStoreJournal(store.journal) if store is not None else _NoJournal()
         ports = WorkflowPorts(
             journal=jnl,
             slurm=CliSlurm(),
@@ -283,7 +285,7 @@ def workflows_cmd(ctx: click.Context, config_path: Path | None, limit: int, as_j
     except SlurmElasticError as exc:
         fail(ctx, str(exc))
     try:
-        journal = StoreJournal(store.journal)
+        journal = MigStoreJournal(store.journal)
         wf = MigWorkflow(WorkflowPorts(journal, CliSlurm(), _NoAgent(), LocalFiles(), CommandDaemons(cfg.commands),
                                        SystemClock()), cfg.settings)
         results = [wf.result(r.id) for r in journal.workflows(limit)]

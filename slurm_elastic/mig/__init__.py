@@ -1,7 +1,8 @@
 """MIG partitioning: the profile catalog, layout validation and placement, diffs, mig-parted and Slurm GRES.
 
-This package is the pure core. It reads no GPU, file or clock by itself: devices come in through the
-:class:`~slurm_elastic.mig.device.MigDevice` protocol, files through the callers. Modules:
+Its modules are pure but one: they read no GPU, file or clock by themselves: devices come in through the
+:class:`~slurm_elastic.mig.device.MigDevice` protocol, files through the callers. The exception is
+:mod:`~slurm_elastic.mig.adapters`, the workflow's imperative shell (used by the CLI). Modules:
 
 - :mod:`~slurm_elastic.mig.model` - frozen values (profiles, GPU models, placements, layouts, instances)
 - :mod:`~slurm_elastic.mig.catalog` - the packaged profile catalog (data/mig_profiles.yaml), strict loader
@@ -14,7 +15,12 @@ This package is the pure core. It reads no GPU, file or clock by itself: devices
 - :mod:`~slurm_elastic.mig.slurmconf` - one node's GRES rewritten in slurm.conf and gres.conf (text in, text out)
 - :mod:`~slurm_elastic.mig.apply` - apply a node layout through MigDevice objects (only what is missing)
 - :mod:`~slurm_elastic.mig.wire` - the agent's ``/v1/mig`` and ``/v1/mig/apply`` JSON
-- :mod:`~slurm_elastic.mig.workflow` - ``mig apply`` as a journaled step machine, run through ports
+- :mod:`~slurm_elastic.mig.steps` - ``mig apply``'s pure step machine: the next step from the journal alone
+- :mod:`~slurm_elastic.mig.ports` - the workflow's settings, values and ports (Protocols)
+- :mod:`~slurm_elastic.mig.gres_edit` / :mod:`~slurm_elastic.mig.verify` - the ``write_gres`` plan and the
+  ``verify`` checks (pure)
+- :mod:`~slurm_elastic.mig.workflow` - the loop that runs the steps through the ports, journaling each
+- :mod:`~slurm_elastic.mig.adapters` - the ports' adapters (store journal, Slurm, agent HTTP, files, daemons)
 - :mod:`~slurm_elastic.mig.plan` / :mod:`~slurm_elastic.mig.suggest` - ``mig plan`` and ``mig suggest``
 - :mod:`~slurm_elastic.mig.config` - the workflow's TOML settings (paths, commands, agents, timeouts)
 """

@@ -47,7 +47,7 @@ from slurm_elastic.configfile import (
     take_moved,
 )
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.mig.workflow import WorkflowSettings
+from slurm_elastic.mig.ports import WorkflowSettings
 
 CONFIG_VERSION = 1
 DEFAULT_CONFIG_PATH = Path("/etc/slurm-elastic/mig.toml")

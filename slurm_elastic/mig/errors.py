@@ -41,3 +41,15 @@ class MigDeviceError(MigError):
 
 class GresRenderError(MigError):
     """The GRES lines for a node cannot be written (bad device-file template, missing instance ids)."""
+
+
+class WorkflowError(MigError):
+    """A workflow step could not be done; the message becomes the step's journal message."""
+
+
+class InjectedFault(WorkflowError):
+    """Raised by the test-only fault hook (``SLURM_ELASTIC_MIG_FAULT=fail:<step>``)."""
+
+
+class WorkflowBusyError(WorkflowError):
+    """Another workflow on the node is still open."""

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from slurm_elastic.mig.diff import GpuDiff, diff_node
 from slurm_elastic.mig.gres import render_node_gres_config
 from slurm_elastic.mig.model import GpuState, NodeLayout
+from slurm_elastic.mig.ports import JobOnNode, NodeStatus, WorkflowSettings
 from slurm_elastic.mig.slurmconf import node_gres_lines, node_gres_value
 from slurm_elastic.mig.wire import NodeMigReport
-from slurm_elastic.mig.workflow import JobOnNode, NodeStatus, WorkflowSettings
 
 
 @dataclass(frozen=True)

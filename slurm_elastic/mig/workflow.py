@@ -1,477 +1,46 @@
-"""``mig apply`` as a journaled workflow: a pure step machine, and the loop that runs it through ports.
-
-Forward steps, each recorded in the journal before it acts (intent -> in_progress -> applied/failed)::
-
-    drain -> wait_jobs -> apply_layout -> write_gres -> restart_slurm -> verify -> resume
-
-Every step is idempotent, so a workflow whose process died (``in_progress`` step, or a step not yet recorded)
-is finished by running the interrupted step again (``slurm-elastic mig resume-workflows``, or automatically
-before the next ``mig apply`` on that node). What happens when a step fails is decided by :func:`next_move`
-from the journal alone:
-
-* ``wait_jobs`` timed out: the node is put back as it was (``restore_node``); outcome ``aborted``.
-* ``drain`` failed: ``restore_node``; outcome ``failed``.
-* ``resume`` failed: the node stays drained (``hold_drained``); outcome ``failed``.
-* any other step failed: what was done is undone (``rollback_layout``, ``rollback_gres``,
-  ``rollback_restart``, then ``rollback_verify``) and the node stays drained with a reason that names the
-  failed step (``hold_drained``); outcome ``failed``. It is never resumed with GRES that do not match.
-* an operator asked for a rollback (``resume-workflows --rollback``): the interrupted step is recorded as
-  ``aborted``, the same undo steps run, and if they all succeed and verify, the node goes back to the state it
-  had before (``restore_node``); outcome ``aborted``.
+"""``mig apply`` as a journaled workflow: the loop that runs the step machine (:mod:`slurm_elastic.mig.steps`)
+through the ports (:mod:`slurm_elastic.mig.ports`), recording each step in the journal before it acts.
 
 Why ``restart_slurm`` restarts slurmctld and the node's slurmd instead of ``scontrol reconfigure``: measured on
 Slurm 22.05.8 (docs/mig.md, "What Slurm 22.05 needs"). The order (stop slurmd, restart slurmctld, start slurmd)
 keeps the node's DRAIN across the restart; restarting slurmctld while the node was INVAL lost it.
 
-The module is pure: every side effect goes through the ports in :class:`WorkflowPorts` (journal, Slurm, agent,
-config files, daemons, clock, fault hook). The adapters live in :mod:`slurm_elastic.controller.mig_adapters`.
+The module does no I/O itself: every side effect goes through :class:`~slurm_elastic.mig.ports.WorkflowPorts`;
+the adapters live in :mod:`slurm_elastic.mig.adapters`.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from slurm_elastic.mig.diff import diff_node
-from slurm_elastic.mig.errors import MigError
-from slurm_elastic.mig.gres import NodeGresConfig, render_node_gres_config
-from slurm_elastic.mig.model import Layout, NodeLayout, describe_counts
-from slurm_elastic.mig.slurmconf import (
-    gres_summary,
-    node_gres_lines,
-    node_gres_value,
-    set_node_gres,
-    set_node_gres_lines,
+from slurm_elastic.mig.errors import MigError, WorkflowError
+from slurm_elastic.mig.gres_edit import GresEdit, node_config_for, plan_gres_edit
+from slurm_elastic.mig.model import NodeLayout
+from slurm_elastic.mig.ports import WorkflowPorts, WorkflowResult, WorkflowSettings
+from slurm_elastic.mig.slurmconf import set_node_gres, set_node_gres_lines
+from slurm_elastic.mig.steps import (
+    Finish,
+    Outcome,
+    Record,
+    RecordState,
+    RunStep,
+    Step,
+    hold_reason,
+    next_move,
+    one_line,
+    stopped_step,
 )
-from slurm_elastic.mig.wire import NodeMigReport, node_layout_from_obj, node_layout_to_obj
+from slurm_elastic.mig.verify import gres_mismatch, layout_matches
+from slurm_elastic.mig.wire import node_layout_from_obj, node_layout_to_obj
 
 log = logging.getLogger("slurm_elastic.mig.workflow")
 
 WORKFLOW_KIND = "mig_workflow"
 STEP_KIND = "mig_step"
-REASON_MAX = 200  # Slurm keeps longer reasons, but sinfo columns and humans do not
-
-
-class Step(StrEnum):
-    DRAIN = "drain"
-    WAIT_JOBS = "wait_jobs"
-    APPLY_LAYOUT = "apply_layout"
-    WRITE_GRES = "write_gres"
-    RESTART_SLURM = "restart_slurm"
-    VERIFY = "verify"
-    RESUME = "resume"
-    ROLLBACK_LAYOUT = "rollback_layout"
-    ROLLBACK_GRES = "rollback_gres"
-    ROLLBACK_RESTART = "rollback_restart"
-    ROLLBACK_VERIFY = "rollback_verify"
-    HOLD_DRAINED = "hold_drained"
-    RESTORE_NODE = "restore_node"
-
-
-FORWARD: tuple[Step, ...] = (Step.DRAIN, Step.WAIT_JOBS, Step.APPLY_LAYOUT, Step.WRITE_GRES, Step.RESTART_SLURM,
-                             Step.VERIFY, Step.RESUME)
-UNDO: tuple[Step, ...] = (Step.ROLLBACK_LAYOUT, Step.ROLLBACK_GRES, Step.ROLLBACK_RESTART, Step.ROLLBACK_VERIFY)
-
-
-class RecordState(StrEnum):
-    """The journal's states (same values as :class:`slurm_elastic.store.ActionState`)."""
-
-    INTENT = "intent"
-    IN_PROGRESS = "in_progress"
-    APPLIED = "applied"
-    FAILED = "failed"
-    ABORTED = "aborted"
-
-    @property
-    def is_open(self) -> bool:
-        return self in (RecordState.INTENT, RecordState.IN_PROGRESS)
-
-
-class Outcome(StrEnum):
-    APPLIED = "applied"
-    FAILED = "failed"
-    ABORTED = "aborted"
-
-
-@dataclass(frozen=True)
-class Record:
-    """One journal row, as the workflow sees it."""
-
-    id: int
-    key: str
-    kind: str
-    state: RecordState
-    params: Mapping[str, Any]
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class RunStep:
-    step: Step
-    rerun: bool  # the step has a record already: the process died in it (or before marking it done)
-
-
-@dataclass(frozen=True)
-class Finish:
-    outcome: Outcome
-    message: str
-
-
-Move = RunStep | Finish
-
-
-# ---- the pure step machine -----------------------------------------------------------------------------------
-
-
-def _stopped(steps: Mapping[Step, Record]) -> Step | None:
-    """The forward step that failed (or was aborted by an operator), if any."""
-    for s in FORWARD:
-        r = steps.get(s)
-        if r is not None and r.state in (RecordState.FAILED, RecordState.ABORTED):
-            return s
-    return None
-
-
-def undo_plan(stopped: Step, steps: Mapping[Step, Record]) -> tuple[Step, ...]:
-    """The undo steps a workflow stopped at ``stopped`` needs, in order (without the final node step)."""
-    if stopped in (Step.DRAIN, Step.WAIT_JOBS):
-        return ()
-    if stopped is Step.RESUME and steps[stopped].state is RecordState.FAILED:
-        return ()  # the node is right; only Slurm's resume failed
-    plan: list[Step] = []
-    if Step.APPLY_LAYOUT in steps:
-        plan.append(Step.ROLLBACK_LAYOUT)
-    if Step.WRITE_GRES in steps:
-        plan += [Step.ROLLBACK_GRES, Step.ROLLBACK_RESTART]
-    if plan:
-        plan.append(Step.ROLLBACK_VERIFY)
-    return tuple(plan)
-
-
-def final_step(stopped: Step, steps: Mapping[Step, Record]) -> Step:
-    """``restore_node`` when the node may go back to how it was, else ``hold_drained``."""
-    record = steps[stopped]
-    undo = undo_plan(stopped, steps)
-    undone = all(steps.get(u) is not None and steps[u].state is RecordState.APPLIED for u in undo)
-    if stopped is Step.WAIT_JOBS or stopped is Step.DRAIN:
-        return Step.RESTORE_NODE
-    if record.state is RecordState.ABORTED and undone:
-        return Step.RESTORE_NODE
-    return Step.HOLD_DRAINED
-
-
-def next_move(steps: Mapping[Step, Record]) -> Move:
-    """What to do next, from the step records alone (pure; the whole recovery logic lives here)."""
-    stopped = _stopped(steps)
-    if stopped is None:
-        for s in FORWARD:
-            r = steps.get(s)
-            if r is None:
-                return RunStep(s, rerun=False)
-            if r.state.is_open:
-                return RunStep(s, rerun=True)
-        return Finish(Outcome.APPLIED, "layout applied, GRES verified, node back in its previous state")
-    undo = undo_plan(stopped, steps)
-    skip_verify = any(steps.get(u) is not None and steps[u].state is RecordState.FAILED for u in undo)
-    for s in undo:
-        if s is Step.ROLLBACK_VERIFY and skip_verify:
-            continue
-        r = steps.get(s)
-        if r is None:
-            return RunStep(s, rerun=False)
-        if r.state.is_open:
-            return RunStep(s, rerun=True)
-    last = final_step(stopped, steps)
-    r = steps.get(last)
-    if r is None:
-        return RunStep(last, rerun=False)
-    if r.state.is_open:
-        return RunStep(last, rerun=True)
-    return Finish(*_outcome(stopped, steps, last, r))
-
-
-def _outcome(stopped: Step, steps: Mapping[Step, Record], last: Step, last_record: Record) -> tuple[Outcome, str]:
-    cause = steps[stopped]
-    what = (f"rollback requested at {stopped}" if cause.state is RecordState.ABORTED
-            else f"{stopped} failed: {cause.message}")
-    failed_undo = [f"{s} failed: {steps[s].message}" for s in UNDO
-                   if s in steps and steps[s].state is RecordState.FAILED]
-    parts = [what, *failed_undo]
-    if last_record.state is not RecordState.APPLIED:
-        parts.append(f"{last} failed: {last_record.message}")
-        return Outcome.FAILED, "; ".join(parts)
-    if last is Step.RESTORE_NODE and stopped is Step.WAIT_JOBS and cause.state is RecordState.FAILED:
-        return Outcome.ABORTED, "; ".join([*parts, "node restored as it was"])
-    if last is Step.RESTORE_NODE and cause.state is RecordState.ABORTED:
-        return Outcome.ABORTED, "; ".join([*parts, "rolled back, node restored as it was"])
-    if last is Step.RESTORE_NODE:
-        return Outcome.FAILED, "; ".join([*parts, "node restored as it was"])
-    return Outcome.FAILED, "; ".join([*parts, "node left drained"])
-
-
-def hold_reason(prefix: str, workflow_id: int, steps: Mapping[Step, Record]) -> str:
-    """The drain reason after a failure: names the failed step (and a failed rollback step)."""
-    stopped = _stopped(steps)
-    if stopped is None:
-        return f"{prefix} #{workflow_id}: failed"
-    cause = steps[stopped]
-    text = (f"rollback requested at {stopped}" if cause.state is RecordState.ABORTED
-            else f"{stopped} failed: {cause.message}")
-    bad = [s for s in UNDO if s in steps and steps[s].state is RecordState.FAILED]
-    if bad:
-        text += f"; {bad[0]} failed too"
-    return one_line(f"{prefix} #{workflow_id}: {text}", REASON_MAX)
-
-
-def one_line(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-# ---- settings and the values the ports exchange ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class WorkflowSettings:
-    """What a workflow needs from the site's configuration; stored with the workflow so a resume uses the same."""
-
-    slurm_conf: str
-    gres_conf: str
-    device_files: str = "nvidia-caps"  # or a template such as /var/tmp/cl/dev/{node}/gpu{ordinal}
-    mps_per_gpu: int = 0  # gres/mps count per whole GPU (0: no mps lines)
-    autodetect_off: bool = False
-    whole_gpu_type: str | None = None  # Slurm type of whole GPUs when the model has none
-    wait_timeout_s: float = 3600.0
-    verify_timeout_s: float = 120.0
-    poll_interval_s: float = 5.0
-    apply_mode: str = "restart"  # "restart" (measured on 22.05) or "reconfigure"
-    reconfigure_after_restart: bool = True
-    reason_prefix: str = "slurm-elastic mig"
-
-    def to_obj(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_obj(cls, obj: Mapping[str, Any]) -> WorkflowSettings:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in obj.items() if k in known})
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    name: str
-    state: str  # base state, upper case (IDLE, MIXED, ...)
-    flags: tuple[str, ...]
-    reason: str | None
-    gres: str  # Slurm's view, e.g. "gpu:4,mps:400"
-    slurmd_started_at: float | None = None  # when the node's current slurmd started (Unix seconds, node clock)
-
-    @property
-    def drained(self) -> bool:
-        return "DRAIN" in self.flags or self.state in {"DRAIN", "DRAINED", "DRAINING"}
-
-    @property
-    def registered(self) -> bool:
-        """slurmd registered with a valid configuration (not INVAL, not down, responding)."""
-        bad_states = {"DOWN", "UNKNOWN", "INVAL", "FAIL", "FUTURE"}
-        bad_flags = {"NOT_RESPONDING", "INVALID_REG", "INVAL", "FAIL"}
-        return self.state not in bad_states and not bad_flags.intersection(self.flags)
-
-
-@dataclass(frozen=True)
-class JobOnNode:
-    job_id: int
-    user: str
-    state: str
-
-
-class WorkflowError(MigError):
-    """A workflow step could not be done; the message becomes the step's journal message."""
-
-
-class InjectedFault(WorkflowError):
-    """Raised by the test-only fault hook (``SLURM_ELASTIC_MIG_FAULT=fail:<step>``)."""
-
-
-class WorkflowBusyError(WorkflowError):
-    """Another workflow on the node is still open."""
-
-
-# ---- ports -----------------------------------------------------------------------------------------------------
-
-
-class WorkflowJournal(Protocol):
-    def create(self, key: str, kind: str, params: Mapping[str, object], gpus: int) -> Record: ...
-    def get(self, record_id: int) -> Record: ...
-    def find(self, key: str) -> Record | None: ...
-    def start(self, record_id: int) -> Record: ...
-    def finish(self, record_id: int, message: str) -> Record: ...
-    def fail(self, record_id: int, message: str) -> Record: ...
-    def abort(self, record_id: int, message: str) -> Record: ...
-    def open_workflows(self) -> list[Record]: ...
-
-
-class SlurmPort(Protocol):
-    def node_status(self, node: str) -> NodeStatus: ...
-    def jobs_on(self, node: str) -> tuple[JobOnNode, ...]: ...
-    def drain(self, node: str, reason: str) -> None: ...
-    def resume(self, node: str) -> None: ...
-    def reconfigure(self) -> None: ...
-
-
-class AgentPort(Protocol):
-    def report(self, node: str) -> NodeMigReport: ...
-    def apply(self, node: str, layout: NodeLayout) -> tuple[tuple[str, ...], NodeMigReport]: ...
-
-
-class FilesPort(Protocol):
-    def read(self, path: str) -> str: ...
-    def write(self, path: str, text: str) -> None: ...
-
-
-class DaemonsPort(Protocol):
-    def stop_slurmd(self, node: str) -> None: ...
-    def start_slurmd(self, node: str) -> None: ...
-    def restart_slurmctld(self) -> None: ...
-
-
-class ClockPort(Protocol):
-    def now(self) -> float: ...
-    def sleep(self, seconds: float) -> None: ...
-
-
-class NodeLockPort(Protocol):
-    """One workflow process per node at a time: ``hold`` raises :class:`WorkflowBusyError` when another live
-    process holds the node (the lock must die with its process, so that a crash never blocks a resume)."""
-
-    def hold(self, node: str) -> AbstractContextManager[None]: ...
-
-
-class NoLock:
-    def hold(self, node: str) -> AbstractContextManager[None]:
-        return nullcontext()
-
-
-@dataclass
-class WorkflowPorts:
-    journal: WorkflowJournal
-    slurm: SlurmPort
-    agent: AgentPort
-    files: FilesPort
-    daemons: DaemonsPort
-    clock: ClockPort
-    fault: Callable[[str], None] = field(default=lambda point: None)
-    say: Callable[[str], None] = field(default=lambda line: None)
-    lock: NodeLockPort = field(default_factory=NoLock)
-
-
-@dataclass(frozen=True)
-class WorkflowResult:
-    workflow_id: int
-    node: str
-    outcome: Outcome
-    message: str
-    steps: tuple[tuple[str, str, str], ...]  # (step, state, message), in journal order
-
-
-# ---- pure helpers the shell uses -------------------------------------------------------------------------------
-
-
-def layout_matches(report: NodeMigReport, requested: NodeLayout) -> list[str]:
-    """Mismatches between what the agent reports and ``requested`` (empty when they agree)."""
-    out = []
-    for index, layout in requested.gpus:
-        g = report.gpu(index)
-        if g is None:
-            out.append(f"GPU {index} missing")
-            continue
-        have = g.state.layout()
-        if have != layout:
-            out.append(f"GPU {index}: {_describe(have)} instead of {_describe(layout)}")
-    return out
-
-
-def _describe(layout: Layout) -> str:
-    return "MIG off" if not layout.mig_enabled else describe_counts(layout.counts)
-
-
-SLURMD_START_SLACK_S = 2.0  # the node's clock against ours (NTP-synced hosts); slurmd reports its own start time
-
-
-def gres_mismatch(expected: str, status: NodeStatus, restarted_at: float | None = None) -> str | None:
-    """Why Slurm does not (yet) show ``expected`` for the node. ``restarted_at``: the slurmd must have started
-    since then, i.e. registered its new gres.conf (slurmctld shows the new Gres= from slurm.conf before that)."""
-    want, have = gres_summary(expected), gres_summary(status.gres)
-    if want != have:
-        return f"Slurm shows Gres={status.gres or '(none)'} for {status.name}, expected {expected}"
-    if restarted_at is not None and (status.slurmd_started_at is None
-                                     or status.slurmd_started_at < restarted_at - SLURMD_START_SLACK_S):
-        return f"slurmd on {status.name} has not registered since the restart"
-    if not status.registered:
-        return f"{status.name} is {status.state}+{'+'.join(status.flags)} (not registered with its new GRES yet)"
-    return None
-
-
-@dataclass(frozen=True)
-class GresEdit:
-    """The two file rewrites of ``write_gres`` (texts before and after), and what Slurm should then show."""
-
-    slurm_conf: str
-    gres_conf: str
-    slurm_before: str
-    slurm_after: str
-    gres_before: str
-    gres_after: str
-    node_gres: str
-    gres_lines: tuple[str, ...]
-    old_node_gres: str | None
-    old_gres_lines: tuple[str, ...]
-
-    def to_obj(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["gres_lines"] = list(self.gres_lines)
-        d["old_gres_lines"] = list(self.old_gres_lines)
-        return d
-
-    @classmethod
-    def from_obj(cls, obj: Mapping[str, Any]) -> GresEdit:
-        known = set(cls.__dataclass_fields__)
-        d = {k: v for k, v in obj.items() if k in known}
-        d["gres_lines"] = tuple(d.get("gres_lines", ()))
-        d["old_gres_lines"] = tuple(d.get("old_gres_lines", ()))
-        return cls(**d)
-
-
-def plan_gres_edit(node: str, config: NodeGresConfig, settings: WorkflowSettings, *, slurm_text: str,
-                   gres_text: str, note: str) -> GresEdit:
-    """The rewrite of both files for the node's new GRES (pure)."""
-    return GresEdit(
-        slurm_conf=settings.slurm_conf,
-        gres_conf=settings.gres_conf,
-        slurm_before=slurm_text,
-        slurm_after=set_node_gres(slurm_text, node, config.node_gres, note),
-        gres_before=gres_text,
-        gres_after=set_node_gres_lines(gres_text, node, config.gres_lines, note),
-        node_gres=config.node_gres,
-        gres_lines=config.gres_lines,
-        old_node_gres=node_gres_value(slurm_text, node),
-        old_gres_lines=node_gres_lines(gres_text, node),
-    )
-
-
-def node_config_for(node: str, report: NodeMigReport, settings: WorkflowSettings) -> NodeGresConfig:
-    return render_node_gres_config(
-        node, report, device_files=settings.device_files, mps_per_gpu=settings.mps_per_gpu,
-        autodetect_off=settings.autodetect_off, whole_gpu_type=settings.whole_gpu_type,
-    )
-
-
-# ---- the shell -------------------------------------------------------------------------------------------------
 
 
 class MigWorkflow:
@@ -527,7 +96,7 @@ class MigWorkflow:
         """Record the operator's rollback: the in-flight forward step (or the next one) becomes ``aborted``."""
         wf = self.p.journal.get(workflow_id)
         steps = self._steps(wf)
-        if _stopped(steps) is not None:
+        if stopped_step(steps) is not None:
             return  # already undoing
         move = next_move(steps)
         if not isinstance(move, RunStep):
@@ -774,7 +343,3 @@ def _restarted(steps: Mapping[Step, Record], step: Step, settings: WorkflowSetti
     if settings.apply_mode != "restart" or r is None or "started_at" not in r.params:
         return None
     return float(r.params["started_at"])
-
-
-def requested_gpus(layout: NodeLayout) -> Sequence[int]:
-    return [i for i, _ in layout.gpus]

@@ -25,7 +25,7 @@ from typing import TypeVar
 import pytest
 
 from slurm_elastic.agent.client import AgentClient
-from slurm_elastic.controller.mig_adapters import CommandDaemons, StoreJournal
+from slurm_elastic.mig.adapters import CommandDaemons, MigStoreJournal
 from slurm_elastic.mig.config import Commands
 from slurm_elastic.mig.slurmconf import gres_summary
 from slurm_elastic.mig.wire import NodeMigReport
@@ -115,7 +115,7 @@ class MigRig:
     def workflows(self) -> list[tuple[str, list[tuple[str, str]]]]:
         store = SqlStore.open(sqlite_url(self.db))
         try:
-            journal = StoreJournal(store.journal)
+            journal = MigStoreJournal(store.journal)
             out = []
             for wf in reversed(journal.workflows(50)):
                 steps = [r for r in store.journal.list_actions() if r.idempotency_key.startswith(wf.key + ":")]

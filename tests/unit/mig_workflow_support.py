@@ -9,20 +9,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_elastic.agent.mig_service import MigService
-from slurm_elastic.controller.mig_adapters import StoreJournal
+from slurm_elastic.mig.adapters import MigStoreJournal
 from slurm_elastic.mig.catalog import load_catalog
+from slurm_elastic.mig.errors import WorkflowError
 from slurm_elastic.mig.fake import FakeMigDevice
 from slurm_elastic.mig.model import NodeLayout
+from slurm_elastic.mig.ports import JobOnNode, NodeStatus, WorkflowPorts, WorkflowSettings
 from slurm_elastic.mig.slurmconf import node_gres_value
 from slurm_elastic.mig.wire import NodeMigReport
-from slurm_elastic.mig.workflow import (
-    JobOnNode,
-    MigWorkflow,
-    NodeStatus,
-    WorkflowError,
-    WorkflowPorts,
-    WorkflowSettings,
-)
+from slurm_elastic.mig.workflow import MigWorkflow
 from slurm_elastic.store import SqlStore
 
 NODE = "n4"
@@ -163,7 +158,7 @@ class Rig:
     daemons: FakeDaemons
     agent: FakeAgent
     clock: FakeClock
-    journal: StoreJournal
+    journal: MigStoreJournal
     said: list[str] = field(default_factory=list)
 
     def workflow(self, fault: Callable[[str], None] = lambda p: None,
@@ -184,7 +179,7 @@ def make_rig(store: SqlStore) -> Rig:
     clock = FakeClock()
     return Rig(store=store, slurm=slurm, files=FakeFiles(files), daemons=FakeDaemons(slurm, files, clock),
                agent=FakeAgent([FakeMigDevice(gpu, 0), FakeMigDevice(gpu, 1)]), clock=clock,
-               journal=StoreJournal(store.journal))
+               journal=MigStoreJournal(store.journal))
 
 
 def crash_at(point: str) -> Callable[[str], None]:

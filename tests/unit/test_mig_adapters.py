@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.controller.mig_adapters import (
+from slurm_elastic.mig.adapters import (
     CommandDaemons,
     FileNodeLock,
     LocalFiles,
-    StoreJournal,
+    MigStoreJournal,
     fault_hook,
 )
 from slurm_elastic.mig.config import Commands
-from slurm_elastic.mig.workflow import InjectedFault, RecordState, WorkflowBusyError, WorkflowError
+from slurm_elastic.mig.errors import InjectedFault, WorkflowBusyError, WorkflowError
+from slurm_elastic.mig.steps import RecordState
 from slurm_elastic.store import SqlStore
 
 
@@ -64,7 +65,7 @@ def test_the_fault_hook_kills_or_fails_only_where_asked() -> None:
 def test_the_journal_adapter_records_mig_kinds_with_job_id_zero() -> None:
     store = SqlStore.open("sqlite://")
     try:
-        j = StoreJournal(store.journal)
+        j = MigStoreJournal(store.journal)
         wf = j.create("mig:n4:abc", "mig_workflow", {"node": "n4"}, gpus=2)
         assert (wf.state, wf.params["node"]) == (RecordState.INTENT, "n4")
         assert j.create("mig:n4:abc", "mig_workflow", {}, gpus=2).id == wf.id  # a crashed run's record is reused

@@ -8,9 +8,9 @@ from slurm_elastic.mig.catalog import load_catalog
 from slurm_elastic.mig.fake import FakeMigDevice
 from slurm_elastic.mig.model import Layout, NodeLayout
 from slurm_elastic.mig.plan import plan_node_change
+from slurm_elastic.mig.ports import JobOnNode, NodeStatus, WorkflowSettings
 from slurm_elastic.mig.suggest import GpuNodeView, PendingRequest, SuggestReason, suggest
 from slurm_elastic.mig.wire import NodeMigReport
-from slurm_elastic.mig.workflow import JobOnNode, NodeStatus, WorkflowSettings
 from tests.unit.mig_workflow_support import GRES_CONF, SLURM_CONF
 
 CATALOG = load_catalog()

@@ -12,11 +12,11 @@ import pytest
 
 from slurm_elastic.mig.errors import LayoutError
 from slurm_elastic.mig.model import Layout, NodeLayout
+from slurm_elastic.mig.ports import JobOnNode
 from slurm_elastic.mig.slurmconf import node_gres_lines, node_gres_value
-from slurm_elastic.mig.workflow import (
+from slurm_elastic.mig.steps import (
     FORWARD,
     Finish,
-    JobOnNode,
     Outcome,
     Record,
     RecordState,
@@ -330,9 +330,9 @@ def test_journal_records_survive_a_new_store_object(tmp_path: object) -> None:
     store.close()
     store2 = SqlStore.open(url)
     try:
-        from slurm_elastic.controller.mig_adapters import StoreJournal
+        from slurm_elastic.mig.adapters import MigStoreJournal
 
-        r1.journal = StoreJournal(store2.journal)
+        r1.journal = MigStoreJournal(store2.journal)
         (result,) = r1.workflow().resume_open()
         assert result.outcome is Outcome.APPLIED
         assert_applied(r1)
@@ -344,8 +344,8 @@ def test_a_node_held_by_another_live_process_is_refused_before_anything_is_journ
         rig: Rig, tmp_path: object) -> None:
     from pathlib import Path
 
-    from slurm_elastic.controller.mig_adapters import FileNodeLock
-    from slurm_elastic.mig.workflow import WorkflowBusyError
+    from slurm_elastic.mig.adapters import FileNodeLock
+    from slurm_elastic.mig.errors import WorkflowBusyError
 
     lock = FileNodeLock(Path(str(tmp_path)))
     wf = rig.workflow()

@@ -1,10 +1,11 @@
-"""The MIG workflow's adapters: the imperative shell around :mod:`slurm_elastic.mig.workflow`'s ports.
+"""The MIG workflow's adapters: the imperative shell around the ports of :mod:`slurm_elastic.mig.ports`.
 
-* :class:`StoreJournal` - the store's action journal (kinds ``mig_workflow`` and ``mig_step``, job id 0);
+* :class:`MigStoreJournal` - the store's action journal (kinds ``mig_workflow`` and ``mig_step``, job id 0);
 * :class:`CliSlurm` - Slurm through :class:`~slurm_elastic.slurm.adapter.SlurmCli`;
 * :class:`HttpAgent` - the node agent's signed ``/v1/mig`` endpoints;
 * :class:`LocalFiles` - slurm.conf / gres.conf, written atomically (temp file + rename, mode kept);
-* :class:`CommandDaemons` - the site's commands that stop/start slurmd and restart slurmctld (argument lists);
+* :class:`CommandDaemons` - the site's commands that stop/start slurmd and restart slurmctld
+  (:class:`~slurm_elastic.slurm.daemons.SlurmDaemons`, its errors as workflow errors);
 * :class:`SystemClock`, and :func:`fault_hook` - the documented, test-only fault injection.
 """
 
@@ -15,10 +16,9 @@ import contextlib
 import fcntl
 import os
 import signal
-import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from slurm_elastic.agent.auth import ClientAuth
@@ -26,18 +26,13 @@ from slurm_elastic.agent.client import AgentClient, client_auth
 from slurm_elastic.agent.errors import AgentClientError, AgentRequestError
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.mig.config import AgentAccess, Commands
+from slurm_elastic.mig.errors import InjectedFault, WorkflowBusyError, WorkflowError
 from slurm_elastic.mig.model import NodeLayout
+from slurm_elastic.mig.ports import JobOnNode, NodeStatus
+from slurm_elastic.mig.steps import Record, RecordState
 from slurm_elastic.mig.wire import NodeMigReport
-from slurm_elastic.mig.workflow import (
-    InjectedFault,
-    JobOnNode,
-    NodeStatus,
-    Record,
-    RecordState,
-    WorkflowBusyError,
-    WorkflowError,
-)
 from slurm_elastic.slurm.adapter import SlurmCli
+from slurm_elastic.slurm.daemons import DaemonCommandError, SlurmDaemons
 from slurm_elastic.store import ActionKind, ActionRecord, DuplicateIntentError
 from slurm_elastic.store.protocols import Journal
 
@@ -50,8 +45,8 @@ def _record(a: ActionRecord) -> Record:
                   params=a.params, message=a.message)
 
 
-class StoreJournal:
-    """:class:`~slurm_elastic.mig.workflow.WorkflowJournal` over the store's journal."""
+class MigStoreJournal:
+    """:class:`~slurm_elastic.mig.ports.WorkflowJournal` over the store's journal."""
 
     def __init__(self, journal: Journal) -> None:
         self._j = journal
@@ -98,7 +93,7 @@ class StoreJournal:
 
 
 class CliSlurm:
-    """:class:`~slurm_elastic.mig.workflow.SlurmPort` over the Slurm command-line tools."""
+    """:class:`~slurm_elastic.mig.ports.SlurmPort` over the Slurm command-line tools."""
 
     def __init__(self, cli: SlurmCli | None = None) -> None:
         self.cli = cli or SlurmCli()
@@ -134,7 +129,7 @@ def node_address(node: str, cli: SlurmCli | None = None) -> str | None:
 
 
 class HttpAgent:
-    """:class:`~slurm_elastic.mig.workflow.AgentPort` over the agents' signed HTTP endpoints."""
+    """:class:`~slurm_elastic.mig.ports.AgentPort` over the agents' signed HTTP endpoints."""
 
     def __init__(self, access: AgentAccess, key: bytes | ClientAuth,
                  address_of: Callable[[str], str | None] | None = None) -> None:
@@ -205,33 +200,29 @@ class LocalFiles:
 
 
 class CommandDaemons:
-    """Runs the configured commands (argument lists, ``{node}`` replaced, a timeout each, never a shell)."""
+    """:class:`~slurm_elastic.mig.ports.DaemonsPort` over the configured commands (argument lists, ``{node}``
+    replaced, a timeout each, never a shell); a command's failure is the step's :class:`WorkflowError`."""
 
     def __init__(self, commands: Commands, env: Mapping[str, str] | None = None) -> None:
-        self.commands = commands
-        self.env = dict(os.environ if env is None else env)
-
-    def _run(self, template: Sequence[str], node: str = "") -> None:
-        argv = [part.replace("{node}", node) for part in template]
-        try:
-            cp = subprocess.run(argv, capture_output=True, text=True, timeout=self.commands.timeout_s,  # noqa: S603
-                                env=self.env, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise WorkflowError(f"{' '.join(argv)}: no exit within {self.commands.timeout_s:g} s") from exc
-        except OSError as exc:
-            raise WorkflowError(f"{' '.join(argv)}: {exc.strerror or exc}") from exc
-        if cp.returncode != 0:
-            out = (cp.stderr.strip() or cp.stdout.strip())[-500:]
-            raise WorkflowError(f"{' '.join(argv)} exited {cp.returncode}: {out}")
+        self.daemons = SlurmDaemons(commands, env)
 
     def stop_slurmd(self, node: str) -> None:
-        self._run(self.commands.slurmd_stop, node)
+        try:
+            self.daemons.stop_slurmd(node)
+        except DaemonCommandError as exc:
+            raise WorkflowError(str(exc)) from exc
 
     def start_slurmd(self, node: str) -> None:
-        self._run(self.commands.slurmd_start, node)
+        try:
+            self.daemons.start_slurmd(node)
+        except DaemonCommandError as exc:
+            raise WorkflowError(str(exc)) from exc
 
     def restart_slurmctld(self) -> None:
-        self._run(self.commands.slurmctld_restart)
+        try:
+            self.daemons.restart_slurmctld()
+        except DaemonCommandError as exc:
+            raise WorkflowError(str(exc)) from exc
 
 
 class FileNodeLock:
