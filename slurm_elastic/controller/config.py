@@ -92,6 +92,7 @@ from slurm_elastic.configfile import (
     with_lines,
 )
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.store.engine import MYSQL_SOCKET_TIMEOUT_S
 from slurm_elastic.store.models import PREFIX_RE
 from slurm_elastic.store.records import Retention
 
@@ -190,6 +191,13 @@ class ControllerConfig:
     def lease_stale_after_s(self) -> float:
         """The heartbeat age after which this controller, holding the lease, counts as gone to another host."""
         return self.lease_stale_s or min(3 * self.interval_s, self.lease_ttl_s)
+
+    @property
+    def db_timeout_s(self) -> float:
+        """A server DB's network timeout (store/engine.py): at most the lease TTL. A statement that hangs longer
+        (a silent network cut) fails as ``connection_lost``; by then the lease has lapsed anyway, so waiting on
+        gains nothing, and the cycle ends with its error instead of hanging."""
+        return min(MYSQL_SOCKET_TIMEOUT_S, self.lease_ttl_s)
 
 
 _CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {

@@ -138,7 +138,7 @@ def build_controller(cfg: ControllerConfig) -> Controller:
     """Everything from config; raises ConfigError (the only start-up failure) on bad config or key file."""
     collector = build_collector(cfg)
     from_file = read_policy_file(cfg)  # every check that may refuse the start comes before the DB is created
-    store = SqlStore.open(cfg.db_url, table_prefix=cfg.table_prefix)
+    store = SqlStore.open(cfg.db_url, table_prefix=cfg.table_prefix, timeout_s=cfg.db_timeout_s)
     restrict_sqlite_file(cfg.db_url)
     policy, source = load_policy(cfg, store, from_file)
     log.info("policy from %s; dry_run=%s; interval %.1fs", source, cfg.dry_run, cfg.interval_s)

@@ -12,8 +12,13 @@ SQLite (the default, one file on the controller's host):
   can never fail half-way with SQLITE_BUSY on lock upgrade.
 
 MariaDB/MySQL (``mysql+pymysql://...``): READ COMMITTED, ``innodb_lock_wait_timeout`` from the busy timeout,
-``utf8mb4``, pre-ping (a dropped connection is replaced transparently), socket timeouts so a hung server cannot
-hang the controller. PostgreSQL URLs get ``lock_timeout`` and pre-ping; they are not tested here.
+``utf8mb4``, pre-ping (a dropped connection is replaced transparently), and ``timeout_s`` on every socket read and
+write, the server's greeting included (pymysql's ``connect_timeout`` covers only the TCP connect), so a server
+that went silent (a network partition: nothing refused, nothing answered) makes a call fail with
+``connection_lost`` after ``timeout_s`` instead of hanging the controller. On MariaDB the session also gets
+``idle_transaction_timeout = timeout_s``: a controller cut off in the middle of a transaction leaves its row
+locks (the lease row's ``FOR UPDATE``) for at most that long, not until ``wait_timeout`` (8 hours by default),
+so a standby can take the lease. PostgreSQL URLs get ``lock_timeout`` and pre-ping; they are not tested here.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ log = logging.getLogger(__name__)
 DEFAULT_DB_URL = "sqlite:////var/lib/slurm-elastic/state.db"
 DEFAULT_BUSY_TIMEOUT_MS = 5000
 BEGIN_OPTION = "slurm_elastic_begin"  # execution option read by the SQLite "begin" hook
-MYSQL_SOCKET_TIMEOUT_S = 60
+MYSQL_SOCKET_TIMEOUT_S = 60.0  # default timeout_s: the longest a MySQL/MariaDB statement or connect may take
 
 
 def parse_url(url: str | URL) -> URL:
@@ -53,18 +58,21 @@ def is_sqlite_memory(url: URL) -> bool:
     return url.get_backend_name() == "sqlite" and (db in ("", ":memory:") or "mode=memory" in str(url))
 
 
-def make_engine(url: str | URL, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS, echo: bool = False) -> Engine:
+def make_engine(url: str | URL, *, busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS, echo: bool = False,
+                timeout_s: float = MYSQL_SOCKET_TIMEOUT_S) -> Engine:
     """An Engine for ``url`` with the per-backend settings above. Raises StoreUrlError for a bad URL or a
-    missing driver (e.g. pymysql not installed)."""
+    missing driver (e.g. pymysql not installed). ``timeout_s`` bounds each network read/write of a server DB."""
     if busy_timeout_ms < 1:
         raise StoreUrlError(f"busy timeout must be >= 1 ms, got {busy_timeout_ms}")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise StoreUrlError(f"database timeout must be a positive number of seconds, got {timeout_s}")
     u = parse_url(url)
     backend = u.get_backend_name()
     try:
         if backend == "sqlite":
             return _sqlite_engine(u, busy_timeout_ms, echo)
         if backend in ("mysql", "mariadb"):
-            return _mysql_engine(u, busy_timeout_ms, echo)
+            return _mysql_engine(u, busy_timeout_ms, echo, timeout_s)
         if backend == "postgresql":
             return _postgresql_engine(u, busy_timeout_ms, echo)
         return create_engine(u, echo=echo, pool_pre_ping=True)
@@ -105,7 +113,7 @@ def _sqlite_engine(u: URL, busy_timeout_ms: int, echo: bool) -> Engine:
     return engine
 
 
-def _mysql_engine(u: URL, busy_timeout_ms: int, echo: bool) -> Engine:
+def _mysql_engine(u: URL, busy_timeout_ms: int, echo: bool, timeout_s: float) -> Engine:
     if "charset" not in u.query:
         u = u.update_query_dict({"charset": "utf8mb4"})
     lock_wait_s = max(1, math.ceil(busy_timeout_ms / 1000))
@@ -115,15 +123,18 @@ def _mysql_engine(u: URL, busy_timeout_ms: int, echo: bool) -> Engine:
         isolation_level="READ COMMITTED",
         pool_pre_ping=True,
         pool_recycle=1800,
-        connect_args={"connect_timeout": 10, "read_timeout": MYSQL_SOCKET_TIMEOUT_S,
-                      "write_timeout": MYSQL_SOCKET_TIMEOUT_S},
+        connect_args={"connect_timeout": min(10.0, timeout_s), "read_timeout": timeout_s,
+                      "write_timeout": timeout_s},
     )
+    idle_s = max(1, math.ceil(timeout_s))
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
         try:
             cur.execute(f"SET SESSION innodb_lock_wait_timeout = {lock_wait_s}")
+            if "mariadb" in str(dbapi_conn.get_server_info()).lower():  # MySQL has no such variable
+                cur.execute(f"SET SESSION idle_transaction_timeout = {idle_s}")
         finally:
             cur.close()
 

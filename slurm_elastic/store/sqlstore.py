@@ -16,7 +16,13 @@ from slurm_elastic.store.agents_sql import SqlAgents
 from slurm_elastic.store.database import Clock, Database, utc_now
 from slurm_elastic.store.decisions_sql import SqlDecisions
 from slurm_elastic.store.demand_sql import SqlDemand
-from slurm_elastic.store.engine import DEFAULT_BUSY_TIMEOUT_MS, DEFAULT_DB_URL, make_engine, parse_url
+from slurm_elastic.store.engine import (
+    DEFAULT_BUSY_TIMEOUT_MS,
+    DEFAULT_DB_URL,
+    MYSQL_SOCKET_TIMEOUT_S,
+    make_engine,
+    parse_url,
+)
 from slurm_elastic.store.jobs_sql import SqlJobs
 from slurm_elastic.store.journal_sql import DEFAULT_MAX_ATTEMPTS, SqlJournal
 from slurm_elastic.store.lease_sql import SqlLease
@@ -82,11 +88,13 @@ class SqlStore:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         create: bool = True,
         upgrade: bool = False,
+        timeout_s: float = MYSQL_SOCKET_TIMEOUT_S,
     ) -> SqlStore:
         """Connect and check the schema: an empty database is created (``create``), an older schema is
-        migrated only with ``upgrade`` (else SchemaOutdatedError), a newer one is refused (SchemaTooNewError)."""
+        migrated only with ``upgrade`` (else SchemaOutdatedError), a newer one is refused (SchemaTooNewError).
+        ``timeout_s``: a server database's network timeout (store/engine.py)."""
         models = models_for(check_prefix(table_prefix))
-        engine = make_engine(url, busy_timeout_ms=busy_timeout_ms)
+        engine = make_engine(url, busy_timeout_ms=busy_timeout_ms, timeout_s=timeout_s)
         store = cls(engine, models, clock=clock, busy_timeout_ms=busy_timeout_ms, max_attempts=max_attempts)
         try:
             store.ensure_schema(create=create, upgrade=upgrade)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import event
 
+from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.store import (
     ActionKind,
     ActionState,
@@ -33,6 +36,7 @@ from slurm_elastic.store import (
     sqlite_url,
 )
 from slurm_elastic.store.dberrors import classify
+from slurm_elastic.store.engine import MYSQL_SOCKET_TIMEOUT_S
 from tests.unit.storehelpers import FakeClock, file_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -226,6 +230,53 @@ def test_unreachable_server_is_connection_lost_and_hides_the_password() -> None:
         SqlStore.open(f"mysql+pymysql://slurm:{secret}@127.0.0.1:1/slurm_elastic", busy_timeout_ms=1000)
     assert err.value.reason == "connection_lost"
     assert secret not in str(err.value) and "***" in str(err.value)
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A port whose server accepts connections and never says a word: a MySQL server behind a silent network cut
+    (the kernel completes the TCP handshake from the listen backlog; nothing is ever read or sent)."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        srv.close()
+
+
+def _bounded(call: Callable[[], object], guard_s: float) -> BaseException | None:
+    """Run ``call`` in a thread; the exception it raised, or fail the test if it is still blocked after
+    ``guard_s`` (a hang, not a slow answer: the call's own timeout is far below the guard)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            outcome.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(guard_s)
+    if t.is_alive():
+        pytest.fail(f"the call still hangs after {guard_s}s on a server that never answers")
+    return outcome[0]
+
+
+def test_a_silent_server_fails_the_call_after_the_timeout_instead_of_hanging(silent_server: int) -> None:
+    pytest.importorskip("pymysql")
+    url = f"mysql+pymysql://slurm:x@127.0.0.1:{silent_server}/slurm_elastic"
+    # The store's open (connect + schema check) waits for the server's greeting: timeout_s bounds that read.
+    err = _bounded(lambda: SqlStore.open(url, timeout_s=0.5), guard_s=30)
+    assert isinstance(err, StoreUnavailableError) and err.reason == "connection_lost", err
+    # The controller's timeout follows its lease TTL (at most the 60 s default).
+    assert ControllerConfig(lease_ttl_s=10).db_timeout_s == 10
+    assert ControllerConfig().db_timeout_s == MYSQL_SOCKET_TIMEOUT_S
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(StoreUrlError, match="timeout"):
+            SqlStore.open(url, timeout_s=bad)
 
 
 def test_missing_directory_cannot_open(tmp_path: Path) -> None:
