@@ -65,6 +65,9 @@ M.OPTIONS = {
   { option = "--slo-p99", key = "slo", field = "slo_p99_ms", kind = "millis", default = nil, lo = 1, hi = 600000 },
   { option = "--target-rps-per-replica", key = "rps", field = "target_rps_per_replica", kind = "int",
     default = nil, lo = 1, hi = 10000000 },
+  { option = "--prewarm", key = "prewarm", field = "prewarm", kind = "command", default = nil, lo = 1, hi = 256 },
+  { option = "--prewarm-timeout", key = "prewarmtimeout", field = "prewarm_timeout_s", kind = "duration",
+    default = 600, lo = 1, hi = 86400 },
 }
 
 -- Signals a job may ask for, with their Linux numbers, in the order messages list them.
@@ -156,6 +159,9 @@ local function allowed_text(opt)
   if opt.kind == "signal" then return SIGNALS_TEXT end
   if opt.kind == "millis" then
     return num(opt.lo) .. "ms.." .. num(opt.hi) .. "ms as 50ms, 50 (milliseconds) or 2s"
+  end
+  if opt.kind == "command" then
+    return "a command of " .. num(opt.lo) .. ".." .. num(opt.hi) .. " bytes, quoted: 'python stage.py --to /tmp'"
   end
   return nil
 end
@@ -269,7 +275,62 @@ local function parse_signal(opt, raw)
   return name
 end
 
+-- Words of a line or command (slurm_elastic/directives/words.py has the rules): a list of {text, quoted}, or
+-- nil and the error. A quote opens only at the start of a word or right after the first "=" of a "--" word.
+local function closing(data, start)
+  local q = sub(data, start, start)
+  local e = find(data, q, start + 1, true)
+  if not e then return nil, "unterminated " .. q .. " quote" end
+  local after = sub(data, e + 1, e + 1)
+  if after ~= "" and after ~= " " and after ~= "\t" then return nil, "text right after a closing " .. q .. " quote" end
+  return e
+end
+
+function M.split_words(data, comments)
+  local out, i, n = {}, 1, #data
+  while i <= n do
+    local c = sub(data, i, i)
+    if c == " " or c == "\t" then
+      i = i + 1
+    elseif c == "'" or c == '"' then
+      local e, err = closing(data, i)
+      if not e then return nil, err end
+      out[#out + 1] = { text = sub(data, i + 1, e - 1), quoted = true }
+      i = e + 1
+    elseif comments and c == "#" then
+      break
+    else
+      local j = find(data, "[ \t]", i) or (n + 1)
+      local word = sub(data, i, j - 1)
+      local eq = find(word, "=", 1, true)
+      local q = eq and sub(data, i + eq, i + eq)
+      if starts(word, "--") and eq and (q == "'" or q == '"') then
+        local e, err = closing(data, i + eq)
+        if not e then return nil, err end
+        out[#out + 1] = { text = sub(word, 1, eq) .. sub(data, i + eq + 1, e - 1), quoted = false }
+        i = e + 1
+      else
+        out[#out + 1] = { text = word, quoted = false }
+        i = j
+      end
+    end
+  end
+  return out
+end
+local split_words = M.split_words
+
+local function parse_command(opt, raw)
+  if not find(raw, "[^ \t]") then return nil, "empty command", allowed_text(opt) end
+  if #raw > opt.hi then
+    return nil, "command is too long (" .. num(#raw) .. " bytes)", allowed_text(opt)
+  end
+  local words, err = split_words(raw, false)
+  if not words then return nil, err .. " in the command " .. quote(raw), allowed_text(opt) end
+  return raw
+end
+
 local function parse_value(opt, raw)
+  if opt.kind == "command" then return parse_command(opt, raw) end
   if opt.kind == "int" then return parse_int(opt, raw) end
   if opt.kind == "percent" then return parse_percent(opt, raw) end
   if opt.kind == "duration" then return parse_duration(opt, raw) end
@@ -307,7 +368,7 @@ end
 
 local function next_is_value(words, i)
   local w = words[i]
-  return w ~= nil and not starts(w, "--") and not starts(w, "#")
+  return w ~= nil and (w.quoted or not starts(w.text, "--"))
 end
 
 local function directive(st, lineno, line)
@@ -329,17 +390,19 @@ local function directive(st, lineno, line)
     add_error(st, lineno, LINE_OPTION, "must be followed by a space or a tab", nil)
     return
   end
-  local words = {}
-  for w in string.gmatch(rest, "[^ \t]+") do words[#words + 1] = w end
+  local words, werr = split_words(rest, true)
+  if not words then
+    add_error(st, lineno, LINE_OPTION, werr, nil)
+    return
+  end
 
   local items = {}
   local het_group, het_col, het_bad = nil, nil, false
   local i = 1
   while i <= #words and not st.stopped do
-    local col, word = i - 1, words[i]
+    local col, word, quoted = i - 1, words[i].text, words[i].quoted
     i = i + 1
-    if starts(word, "#") then break end
-    if not starts(word, "--") then
+    if quoted or not starts(word, "--") then
       add_error(st, lineno, LINE_OPTION, "unexpected " .. quote(word) .. ": options start with --", nil)
     else
       local name, has_eq, inline = word, false, nil
@@ -362,10 +425,10 @@ local function directive(st, lineno, line)
         else
           local raw = inline
           if not has_eq and next_is_value(words, i) then
-            raw = words[i]
+            raw = words[i].text
             i = i + 1
           end
-          if raw == nil or raw == "" then
+          if raw == nil or (raw == "" and opt.kind ~= "command") then
             add_error(st, lineno, opt.option, "missing value", allowed_text(opt))
             ok = false
           else
@@ -536,6 +599,10 @@ local function check_rules(settings)
       errors[#errors + 1] = { line = o[2].line, option = o[1], message = "is for serving jobs: add --serving" }
     end
   end
+  local timeout = settings.prewarm_timeout_s
+  if timeout and not settings.prewarm then
+    errors[#errors + 1] = { line = timeout.line, option = "--prewarm-timeout", message = "needs --prewarm" }
+  end
   return errors
 end
 
@@ -553,7 +620,11 @@ function M.normalize(settings, het_group)
   if het_group ~= nil then parts[#parts + 1] = "het=" .. num(het_group) end
   for _, opt in ipairs(SETTINGS) do
     local s = settings[opt.field]
-    if s then parts[#parts + 1] = opt.key .. "=" .. render_value(s.value) end
+    if s and opt.kind == "command" then
+      parts[#parts + 1] = opt.key .. "=" .. string.gsub(s.value, ".", function(ch) return format("%02X", byte(ch)) end)
+    elseif s then
+      parts[#parts + 1] = opt.key .. "=" .. render_value(s.value)
+    end
   end
   return table.concat(parts, " ")
 end

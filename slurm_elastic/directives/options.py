@@ -21,6 +21,7 @@ MAX_ERRORS = 20  # after this many errors one "too many errors" error is added a
 MAX_WARNINGS = 10  # further warnings are dropped
 MAX_HET_GROUP = 127  # Slurm allows at most 128 components in a heterogeneous job
 MAX_NODES = 65536
+MAX_COMMAND_BYTES = 256  # a --prewarm command (stored hex-encoded in the normalized form)
 
 
 class Kind(enum.Enum):
@@ -32,6 +33,7 @@ class Kind(enum.Enum):
     SIGNAL = "signal"  # a name (USR1, SIGUSR1, usr1) or its Linux number
     FLAG = "flag"  # no value: writing it sets the opposite of the default
     MILLIS = "millis"  # a latency: 50ms, 50 (milliseconds) or 2s
+    COMMAND = "command"  # a command line, usually quoted (directives/words.py); lo..hi bytes
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,11 @@ OPTIONS: tuple[OptionDef, ...] = (
               "serving objective: 99th percentile request latency the job must stay under; needs --serving"),
     OptionDef("--target-rps-per-replica", "rps", "target_rps_per_replica", Kind.INT, None, 1, 10000000,
               "serving objective: requests per second one replica should carry; needs --serving"),
+    OptionDef("--prewarm", "prewarm", "prewarm", Kind.COMMAND, None, 1, MAX_COMMAND_BYTES,
+              "command an extension job runs on each of its new nodes before they join (stage data, load the "
+              "model); quoted like a shell word, run without a shell as the job's user (docs/power-saving.md)"),
+    OptionDef("--prewarm-timeout", "prewarmtimeout", "prewarm_timeout_s", Kind.DURATION, 600, 1, 86400,
+              "a --prewarm command still running after this long fails the grow; needs --prewarm"),
 )
 
 BY_OPTION: Mapping[str, OptionDef] = {o.option: o for o in OPTIONS}

@@ -46,12 +46,12 @@ from slurm_elastic.directives.spec import (
     check_rules,
 )
 from slurm_elastic.directives.values import InvalidValue, allowed_text, escape, parse_value, quote
+from slurm_elastic.directives.words import Word, WordError, split_words
 
 MAGIC = b"#ELASTIC"
 LINE_OPTION = "#ELASTIC"  # the "option" of an error about a whole line
 
 _BLANK = b" \t\r\x0b\x0c"
-_WORD = re.compile(rb"[^ \t]+")
 _NEAR_MISS = re.compile(rb"[ \t]*#+[ \t]*elastic[ \t]+--[a-z]", re.IGNORECASE)
 
 AFTER_COMMAND_WARNING = "ignored: #ELASTIC lines after the first command (line {}) are not read"
@@ -196,6 +196,11 @@ def _read(data: bytes, st: _State) -> None:
             st.warn(lineno, AFTER_COMMAND_WARNING.format(command_line))
 
 
+def _is_value(words: list[Word], i: int) -> bool:
+    """Whether word ``i`` is the value of the option before it: quoted, or not starting with ``--``."""
+    return i < len(words) and (words[i].quoted or not words[i].text.startswith(b"--"))
+
+
 def _directive(lineno: int, line: bytes, st: _State) -> None:
     st.directive_lines += 1
     if st.first_directive_line is None:
@@ -211,18 +216,21 @@ def _directive(lineno: int, line: bytes, st: _State) -> None:
     if rest and rest[:1] not in (b" ", b"\t"):
         st.error(lineno, LINE_OPTION, "must be followed by a space or a tab", None)
         return
-    words = _WORD.findall(rest)
+    try:
+        words = split_words(rest)
+    except WordError as e:
+        st.error(lineno, LINE_OPTION, str(e), None)
+        return
     items: list[tuple[OptionDef, Value, int]] = []
     het_group: int | None = None
     het_col: int | None = None
     het_bad = False
     i = 0
     while i < len(words):
-        col, word = i, words[i]
+        col, word = i, words[i].text
+        quoted = words[i].quoted
         i += 1
-        if word.startswith(b"#"):
-            break
-        if not word.startswith(b"--"):
+        if quoted or not word.startswith(b"--"):
             st.error(lineno, LINE_OPTION, f"unexpected {quote(word)}: options start with --", None)
             continue
         name, eq, inline = word.partition(b"=")
@@ -230,7 +238,7 @@ def _directive(lineno: int, line: bytes, st: _State) -> None:
         if opt is None:
             st.error(lineno, escape(name), "unknown option", ALL_OPTIONS_TEXT)
             # An unknown option's value would only cause a second, confusing error: skip it too.
-            if not eq and i < len(words) and not words[i].startswith((b"--", b"#")):
+            if not eq and _is_value(words, i):
                 i += 1
             continue
         value: Value
@@ -241,10 +249,10 @@ def _directive(lineno: int, line: bytes, st: _State) -> None:
             value = not opt.default
         else:
             raw: bytes | None = inline if eq else None
-            if not eq and i < len(words) and not words[i].startswith((b"--", b"#")):
-                raw = words[i]
+            if not eq and _is_value(words, i):
+                raw = words[i].text
                 i += 1
-            if not raw:
+            if raw is None or (not raw and opt.kind is not Kind.COMMAND):
                 st.error(lineno, opt.option, "missing value", allowed_text(opt))
                 if opt.option == HET_GROUP_OPTION:
                     het_bad = True

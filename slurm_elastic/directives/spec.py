@@ -6,13 +6,14 @@ The normalized form is what plugins/job_submit.lua stores on the job (inside ``[
     normalized = "elastic:v1" *( " " key "=" value )
 
 - keys appear in this order, each at most once: het min max step up down window cooldown grace signal grow
-  shrink serving slo rps;
+  shrink serving slo rps prewarm prewarmtimeout;
 - only options the user wrote are present (defaults are left out, so that a site's policy defaults apply to
   them and ``explain`` can tell a directive from a default); ``het`` is present only for a component of a
   heterogeneous job;
 - numbers are decimal without sign or leading zeros; durations are whole seconds; the signal is its name
   without ``SIG`` (``USR1``); ``grow`` and ``shrink`` only ever appear as ``grow=0`` / ``shrink=0``,
-  ``serving`` only as ``serving=1``; ``slo`` is whole milliseconds.
+  ``serving`` only as ``serving=1``; ``slo`` is whole milliseconds; ``prewarm`` is the command's bytes in
+  upper-case hex (a command has spaces, quotes and brackets; hex keeps the form one token of ``[0-9A-F]``).
 
 Example: ``#ELASTIC --min-nodes 1 --max-nodes=3 --window 1h30m --signal SIGusr2`` normalizes to
 ``elastic:v1 min=1 max=3 window=5400 signal=USR2``.
@@ -36,6 +37,7 @@ from slurm_elastic.directives.options import (
     SIGNALS,
     Kind,
 )
+from slurm_elastic.directives.values import InvalidValue, check_command
 from slurm_elastic.errors import SlurmElasticError
 
 FORMAT_TAG = f"elastic:{FORMAT_VERSION}"
@@ -116,6 +118,8 @@ class ElasticSpec:
     serving: bool = False
     slo_p99_ms: int | None = None
     target_rps_per_replica: int | None = None
+    prewarm: str | None = None
+    prewarm_timeout_s: int = 600
     explicit: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -151,7 +155,7 @@ class ElasticSpec:
             parts.append(f"het={self.het_group}")
         for opt in SETTINGS:
             if opt.field in self.explicit:
-                parts.append(f"{opt.key}={_render(getattr(self, opt.field))}")
+                parts.append(f"{opt.key}={_render(getattr(self, opt.field), opt.kind)}")
         return " ".join(parts)
 
     @classmethod
@@ -166,7 +170,9 @@ class ElasticSpec:
         return out
 
 
-def _render(value: Value | None) -> str:
+def _render(value: Value | None, kind: Kind | None = None) -> str:
+    if kind is Kind.COMMAND and isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").hex().upper()
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)
@@ -192,7 +198,15 @@ def _spec_problems(spec: ElasticSpec) -> list[str]:
             if value not in SIGNALS:
                 problems.append(f"{opt.field} {value!r} is not one of {', '.join(SIGNALS)}")
         elif value is None and opt.default is None and opt.field not in spec.explicit:
-            pass  # max_nodes: "the submitted node count"; serving objectives: none
+            pass  # max_nodes: "the submitted node count"; serving objectives, prewarm: none
+        elif opt.kind is Kind.COMMAND:
+            if not isinstance(value, str):
+                problems.append(f"{opt.field} must be a command string, not {value!r}")
+            else:
+                try:
+                    check_command(opt, value.encode("utf-8", "surrogateescape"))
+                except InvalidValue as e:
+                    problems.append(f"{opt.field}: {e.message}")
         elif isinstance(value, bool) or not isinstance(value, int):
             problems.append(f"{opt.field} must be an int, not {value!r}")
         elif opt.lo is not None and opt.hi is not None and not opt.lo <= value <= opt.hi:
@@ -212,6 +226,8 @@ def _spec_problems(spec: ElasticSpec) -> list[str]:
         problems.append("serving needs an objective: slo_p99_ms and/or target_rps_per_replica")
     if has_objective and not spec.serving:
         problems.append("slo_p99_ms and target_rps_per_replica are for serving jobs only")
+    if "prewarm_timeout_s" in spec.explicit and spec.prewarm is None:
+        problems.append("prewarm_timeout_s needs prewarm")
     return problems
 
 
@@ -295,6 +311,9 @@ def check_rules(settings: Mapping[str, Setting]) -> list[DirectiveError]:
     if serving is None:
         for option, s in objectives:
             errors.append(DirectiveError(s.line, option, "is for serving jobs: add --serving", None))
+    timeout = settings.get("prewarm_timeout_s")
+    if timeout is not None and "prewarm" not in settings:
+        errors.append(DirectiveError(timeout.line, "--prewarm-timeout", "needs --prewarm", None))
     return errors
 
 
@@ -308,6 +327,7 @@ def build_spec(settings: Mapping[str, Setting], het_group: int | None) -> Elasti
 
 _KEY_VALUE = re.compile(r"([a-z]+)=([0-9A-Z]+)")
 _CANONICAL_NUMBER = re.compile(r"0|[1-9][0-9]{0,8}")
+_HEX = re.compile(r"(?:[0-9A-F]{2})+")
 
 
 def from_normalized(text: str) -> ElasticSpec:
@@ -337,6 +357,15 @@ def from_normalized(text: str) -> ElasticSpec:
             if raw not in SIGNALS:
                 raise SpecFormatError(f"unknown signal {raw!r} in elastic spec {text[:80]!r}")
             value = raw
+        elif opt.kind is Kind.COMMAND:
+            if not _HEX.fullmatch(raw):
+                raise SpecFormatError(f"bad command {token[:40]!r} in elastic spec {text[:80]!r}")
+            command = bytes.fromhex(raw)
+            try:
+                check_command(opt, command)
+            except InvalidValue as e:
+                raise SpecFormatError(f"{opt.key}: {e.message} in elastic spec {text[:80]!r}") from None
+            value = command.decode("utf-8", "surrogateescape")
         else:
             if not _CANONICAL_NUMBER.fullmatch(raw):
                 raise SpecFormatError(f"bad number {token!r} in elastic spec {text[:80]!r}")

@@ -14,6 +14,7 @@ from slurm_elastic.directives.options import (
     Kind,
     OptionDef,
 )
+from slurm_elastic.directives.words import WordError, split_words
 from slurm_elastic.errors import SlurmElasticError
 
 QUOTE_MAX_BYTES = 32
@@ -78,6 +79,8 @@ def allowed_text(opt: OptionDef) -> str | None:
         return SIGNALS_TEXT
     if opt.kind is Kind.MILLIS:
         return f"{opt.lo}ms..{opt.hi}ms as 50ms, 50 (milliseconds) or 2s"
+    if opt.kind is Kind.COMMAND:
+        return f"a command of {opt.lo}..{opt.hi} bytes, quoted: 'python stage.py --to /tmp'"
     return None
 
 
@@ -182,6 +185,24 @@ def parse_signal(opt: OptionDef, raw: bytes) -> str:
     return name
 
 
+def check_command(opt: OptionDef, raw: bytes) -> None:
+    """Raises InvalidValue unless ``raw`` is a command the launcher can split into an argument list."""
+    assert opt.hi is not None
+    if not raw.strip(b" \t"):
+        raise InvalidValue("empty command", allowed_text(opt))
+    if len(raw) > opt.hi:
+        raise InvalidValue(f"command is too long ({len(raw)} bytes)", allowed_text(opt))
+    try:
+        split_words(raw, comments=False)
+    except WordError as e:
+        raise InvalidValue(f"{e} in the command {quote(raw)}", allowed_text(opt)) from None
+
+
+def parse_command(opt: OptionDef, raw: bytes) -> str:
+    check_command(opt, raw)
+    return raw.decode("utf-8", "surrogateescape")
+
+
 def parse_value(opt: OptionDef, raw: bytes) -> int | str:
     """The value of ``opt`` written as ``raw``; raises InvalidValue. Not for FLAG options."""
     if opt.kind is Kind.INT:
@@ -194,4 +215,6 @@ def parse_value(opt: OptionDef, raw: bytes) -> int | str:
         return parse_signal(opt, raw)
     if opt.kind is Kind.MILLIS:
         return parse_millis(opt, raw)
+    if opt.kind is Kind.COMMAND:
+        return parse_command(opt, raw)
     raise AssertionError(f"{opt.option} takes no value")

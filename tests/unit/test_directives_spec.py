@@ -275,9 +275,9 @@ def test_docs_option_table_matches_the_code() -> None:
     from slurm_elastic.directives.values import allowed_text
 
     value = {Kind.INT: " N", Kind.PERCENT: " PCT", Kind.DURATION: " DURATION", Kind.SIGNAL: " SIG", Kind.FLAG: "",
-             Kind.MILLIS: " LATENCY"}
+             Kind.MILLIS: " LATENCY", Kind.COMMAND: " 'CMD'"}
     unset = {"--max-nodes": "node count at submit", "--het-group": "whole job", "--slo-p99": "none",
-             "--target-rps-per-replica": "none"}
+             "--target-rps-per-replica": "none", "--prewarm": "none"}
     doc = (Path(__file__).resolve().parents[2] / "docs" / "directives.md").read_text(encoding="utf-8")
     for o in OPTIONS:
         if o.default is None:
