@@ -266,6 +266,7 @@ class UnitSettings:
     goodput: bool
     goodput_min_marginal_efficiency: float
     speedup_growth: bool
+    moldable_start: bool
     serving_risk_percent: int
     serving_headroom_percent: int
     serving_up_window_s: int

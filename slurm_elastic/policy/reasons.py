@@ -72,6 +72,8 @@ class Reason(enum.StrEnum):
     # speedup-aware growth, behind speedup_growth
     SPEEDUP_GAIN = "SPEEDUP_GAIN"
     LOW_SPEEDUP_GAIN = "LOW_SPEEDUP_GAIN"
+    # moldable start of a pending elastic job, behind moldable_start (policy/moldable.py)
+    MOLDABLE_START = "MOLDABLE_START"
     # serving units (#ELASTIC --serving)
     SLO_AT_RISK = "SLO_AT_RISK"
     SLO_PEAK_AHEAD = "SLO_PEAK_AHEAD"
@@ -140,6 +142,9 @@ REASON_DOCS: dict[Reason, str] = {
     "remaining time than a restart costs; spare nodes go to the largest saving first",
     Reason.LOW_SPEEDUP_GAIN: "hold (speedup_growth): the next step's marginal efficiency is below "
     "goodput_min_marginal_efficiency, or the time it saves does not exceed a restart",
+    Reason.MOLDABLE_START: "mold (moldable_start): a pending elastic job that cannot start at its request, "
+    "but whose min fits the free whole nodes, is reshaped (scontrol update NumNodes=size-request) to start now on "
+    "them; its time limit grows by request / size and it keeps its request as its max, so it grows back",
     Reason.SLO_AT_RISK: "grow (serving): the short window's p99 latency or load per replica is above "
     "serving_risk_percent of the objective; scales out at once, ahead of pending jobs and training grows, "
     "reclaiming training nodes above their min when no node is free",

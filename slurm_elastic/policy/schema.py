@@ -191,6 +191,11 @@ KEYS: tuple[KeyDef, ...] = (
            "restart costs and its marginal efficiency is at least goodput_min_marginal_efficiency, whatever "
            "its utilization band says; spare nodes go to the largest saving first (SPEEDUP_GAIN, "
            "LOW_SPEEDUP_GAIN)"),
+    KeyDef("moldable_start", Kind.BOOL, False, None, None, ALL_SCOPES,
+           "moldable start: a pending elastic job (resolved for its partition, account and QOS) that cannot "
+           "start at its request but whose #ELASTIC min fits the free whole nodes is reshaped to start now on "
+           "them, with its time limit scaled by request / size; it keeps its request as its max and grows "
+           "back (MOLDABLE_START)"),
     # --- serving units (#ELASTIC --serving; docs/serving.md) ---------------------------------------------------
     KeyDef("serving_risk_percent", Kind.PERCENT, 90, 1, 100, ALL_SCOPES,
            "serving: the SLO is at risk (scale out at once, SLO_AT_RISK) when the p99 latency of the short window "

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Literal
 
+from slurm_elastic.policy.moldable import CountedFree, MoldCandidate, plan_molds
 from slurm_elastic.sim.cluster import Allocation, Cluster
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import (
@@ -389,21 +390,18 @@ class Simulation:
 
     def _mold(self) -> set[int]:
         """Moldable start: after the base scheduler, start waiting jobs (in priority order) that fit on fewer
-        whole nodes than they asked for, at least their min, on the most whole nodes that are free."""
-        started: set[int] = set()
+        whole nodes than they asked for, at least their min, on the most whole nodes that are free. The rule is
+        the controller's (policy/moldable.py: plan_molds); the pool is the free GPUs in whole nodes."""
         g = self.cluster.gpus_per_node
-        for job in self._pending:
-            free_nodes = self.cluster.free_total // g
-            if free_nodes < 1:
-                break
-            if job.index in self._running or job.spec.num_gpus <= g or free_nodes < job.min_nodes:
-                continue
-            nodes = min(free_nodes, job.spec.num_gpus // g)
-            if nodes * g >= job.spec.num_gpus:
-                continue  # fits as asked: the base scheduler's call, not ours
-            job.time_limit *= job.spec.num_gpus / (nodes * g)
+        waiting = {job.index: job for job in self._pending if job.index not in self._running}
+        candidates = [MoldCandidate(index, job.spec.job_id, "", -(-job.spec.num_gpus // g), job.spec.num_gpus // g,
+                                    job.min_nodes, job.spec.num_gpus, g) for index, job in waiting.items()]
+        started: set[int] = set()
+        for mold in plan_molds(candidates, CountedFree(lambda: self.cluster.free_total // g)):
+            job = waiting[mold.candidate.job_id]
+            job.time_limit *= mold.time_limit_factor
             job.molded = True
-            self._start(job, self.cluster.place(nodes * g, self.config.placement))
+            self._start(job, self.cluster.place(mold.nodes * g, self.config.placement))
             started.add(job.index)
         return started
 

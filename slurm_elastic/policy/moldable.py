@@ -1,0 +1,180 @@
+"""Moldable start: a waiting elastic job that cannot start at its request starts now on fewer whole nodes.
+
+One rule, two callers. :func:`plan_molds` is the rule: in priority order, a candidate whose request is above the
+free whole nodes of its pool, and whose ``#ELASTIC`` min fits them, is molded to the free whole nodes (at most
+its request); its time limit grows by request / size (as a shrink's does, policy/shrink.py) and the nodes are
+gone for the candidates after it. The simulator (sim/engine.py) calls it after its base scheduler; the
+controller calls :func:`decide_molds`, which picks the candidates and counts the free nodes from a Slurm
+snapshot, and the actuator reshapes the job with ``scontrol update NumNodes=<size>-<request>`` (Slurm starts a
+reshaped waiting job on fewer nodes: docs/slurm-facts.md). The unit keeps its request as its max, so the policy
+grows it back like any other unit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol, cast
+
+from slurm_elastic.directives.spec import ElasticSpec
+from slurm_elastic.policy.capacity import NodePool, Status, need_of
+from slurm_elastic.policy.config import PolicyConfig, SettingsResolver
+from slurm_elastic.policy.model import Scalar
+from slurm_elastic.policy.reasons import Reason
+from slurm_elastic.policy.shrink import time_limit_extension_s
+from slurm_elastic.slurm.model import ClusterSnapshot, Job
+
+#: Slurm's "start it now" state reasons are counted, never "None" (not looked at by the scheduler yet).
+_UNSCHEDULED = "None"
+
+
+@dataclass(frozen=True)
+class MoldCandidate:
+    """A waiting elastic job, as the rule sees it.
+
+    ``request_nodes``: the node count at which it fits as asked (the base scheduler's case, never molded);
+    ``cap_nodes``: the most whole nodes a molded start takes (the controller: the request; the simulator, whose
+    jobs ask for GPUs: the whole nodes in its GPU count). ``time_limit_s`` is its time limit (None: none).
+    """
+
+    job_id: int
+    display_id: str
+    pool: str
+    request_nodes: int
+    cap_nodes: int
+    min_nodes: int
+    request_gpus: int
+    gpus_per_node: int
+    time_limit_s: float | None = None
+    max_extension_s: int | None = None  # None: the time limit scales without a cap (the simulator)
+
+
+@dataclass(frozen=True)
+class Mold:
+    """Start ``candidate`` now on ``nodes`` whole nodes (fewer than it asked for, at least its min)."""
+
+    candidate: MoldCandidate
+    nodes: int
+    free_nodes: int
+    #: the time limit's factor (request GPUs / molded GPUs) and, for a limit in whole minutes, the seconds added
+    time_limit_factor: float
+    time_limit_add_s: int
+    message: str
+    inputs: Mapping[str, Scalar] = field(default_factory=dict, hash=False)
+    reason: Reason = Reason.MOLDABLE_START
+
+
+class FreeNodes(Protocol):
+    """Whole free nodes as the caller counts them; ``take`` marks nodes gone for the candidates after."""
+
+    def free(self, c: MoldCandidate) -> int: ...
+    def take(self, c: MoldCandidate, nodes: int) -> None: ...
+
+
+def plan_molds(candidates: Sequence[MoldCandidate], free: FreeNodes) -> list[Mold]:
+    """The rule: the molds, in the order of ``candidates`` (priority order)."""
+    molds: list[Mold] = []
+    for c in candidates:
+        if c.request_nodes <= 1:
+            continue  # one node or less: nothing to start smaller
+        available = free.free(c)
+        if available < 1 or available < c.min_nodes:
+            continue
+        nodes = min(available, c.cap_nodes)
+        if nodes >= c.request_nodes or nodes < c.min_nodes:
+            continue  # fits as asked: the scheduler's call, not ours
+        factor = c.request_gpus / (nodes * c.gpus_per_node)
+        add_s = 0
+        if c.time_limit_s is not None:
+            cap = (1 << 62) if c.max_extension_s is None else c.max_extension_s
+            add_s = time_limit_extension_s(c.time_limit_s, c.request_gpus, nodes * c.gpus_per_node, cap)
+        free.take(c, nodes)
+        molds.append(Mold(c, nodes, available, factor, add_s, _message(c, nodes, available, add_s),
+                          MappingProxyType(_inputs(c, nodes, available, factor, add_s))))
+    return molds
+
+
+def _message(c: MoldCandidate, nodes: int, available: int, add_s: int) -> str:
+    pool = f" in {c.pool}" if c.pool else ""
+    msg = (f"starts now on {nodes} of its {c.request_nodes} requested node(s): {available} whole node(s) free"
+           f"{pool}, min {c.min_nodes}; keeps {c.request_nodes} as its max and grows back")
+    if add_s > 0 and c.time_limit_s is not None:
+        msg += (f"; time limit +{add_s // 60}min: {c.time_limit_s:.0f}s x ({c.request_gpus}/"
+                f"{nodes * c.gpus_per_node} GPUs - 1)")
+    return msg
+
+
+def _inputs(c: MoldCandidate, nodes: int, available: int, factor: float, add_s: int) -> dict[str, Scalar]:
+    return {"request_nodes": c.request_nodes, "molded_nodes": nodes, "min_nodes": c.min_nodes,
+            "free_whole_nodes": available, "time_limit_s": c.time_limit_s, "time_limit_factor": round(factor, 4),
+            "time_limit_add_s": add_s, "max_time_limit_extension_s": c.max_extension_s}
+
+
+# --- the controller's caller ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _SnapshotFree:
+    """Free whole nodes of the job's partition that fit its GRES per node (policy/capacity.py's NodePool)."""
+
+    pool: NodePool
+    jobs: Mapping[int, Job]
+
+    def free(self, c: MoldCandidate) -> int:
+        return self.pool.count_fit(c.pool, need_of(self.jobs[c.job_id].gres_per_node))
+
+    def take(self, c: MoldCandidate, nodes: int) -> None:
+        self.pool.take([c.pool], need_of(self.jobs[c.job_id].gres_per_node), nodes, status=Status.GRANTED)
+
+
+def decide_molds(snapshot: ClusterSnapshot, pending: Sequence[tuple[Job, ElasticSpec]], cfg: PolicyConfig, *,
+                 taken_nodes: Collection[str] = (), skip: Collection[int] = ()) -> list[Mold]:
+    """The controller's molds: ``pending`` are the waiting jobs with their elastic spec; ``taken_nodes`` the
+    free nodes this cycle's grows already take; ``skip`` jobs not to mold (molded before, or being admitted by a
+    shrink). A candidate waits on Resources or Priority (``pending_block_reasons``), is no het component, may
+    grow (``#ELASTIC --no-grow`` would leave it small), and has ``moldable_start`` on for its scope."""
+    resolver = SettingsResolver(cfg)
+    blocking = cfg.pending_block_reasons - {_UNSCHEDULED}
+    jobs: dict[int, Job] = {}
+    candidates: list[tuple[tuple[int, float, int], MoldCandidate]] = []
+    for job, spec in pending:
+        if (not job.is_pending or job.job_id in skip or job.het_job_id is not None or not spec.grow
+                or (job.state_reason or _UNSCHEDULED) not in blocking or job.node_count <= spec.min_nodes):
+            continue
+        scope = resolver.scope(job.partition, job.account, job.qos)
+        if not scope["moldable_start"].value:
+            continue
+        extend = bool(scope["extend_time_limit_on_shrink"].value)
+        cap = cast(int, scope["max_time_limit_extension_s"].value)
+        gpn = job.gpus_per_node()
+        jobs[job.job_id] = job
+        c = MoldCandidate(
+            job.job_id, job.display_id, job.partition, job.node_count, job.node_count, spec.min_nodes,
+            job.node_count * max(1, gpn), max(1, gpn),
+            time_limit_s=None if job.time_limit_min is None or not extend else job.time_limit_min * 60.0,
+            max_extension_s=cap)
+        submitted = job.submit_time.timestamp() if job.submit_time is not None else 0.0
+        candidates.append(((-job.priority, submitted, job.job_id), c))
+    if not candidates:
+        return []
+    pool = NodePool(snapshot.nodes, exclude=frozenset(taken_nodes))
+    ordered = [c for _, c in sorted(candidates, key=lambda kc: kc[0])]
+    return plan_molds(ordered, _SnapshotFree(pool, jobs))
+
+
+# --- the simulator's caller ------------------------------------------------------------------------------------
+
+
+@dataclass
+class CountedFree:
+    """One pool of whole free nodes, as a count (the simulator: free GPUs // GPUs per node)."""
+
+    count: Callable[[], int]
+    taken: int = 0
+
+    def free(self, c: MoldCandidate) -> int:
+        return self.count() - self.taken
+
+    def take(self, c: MoldCandidate, nodes: int) -> None:
+        self.taken += nodes
