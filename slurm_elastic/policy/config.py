@@ -219,6 +219,14 @@ class PolicyConfig:
         return cast(bool, self.resolve("victim_by_remaining").value)
 
     @property
+    def victim_by_goodput(self) -> bool:
+        return cast(bool, self.resolve("victim_by_goodput").value)
+
+    @property
+    def goodput_moves(self) -> bool:
+        return cast(bool, self.resolve("goodput_moves").value)
+
+    @property
     def admit_backoff_s(self) -> int:
         return cast(int, self.resolve("admit_backoff_s").value)
 

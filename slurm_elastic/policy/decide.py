@@ -129,6 +129,11 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
         add_s, extend = _time_limit_extension(w, ctx)
         if add_s:
             plan = replace(plan, time_limit_add_s=add_s)
+        if w.move_to is not None:  # goodput_moves: only a unit with nothing else to give back is a donor
+            v = w.node_value
+            basis = Basis.UTILIZATION if v is None or v.source == "utilization model" else Basis.THROUGHPUT
+            return make(Action.SHRINK, w.current - w.taken, Reason.GOODPUT_MOVE, w.message + extend, basis,
+                        shrink=plan)
         if w.serving_for and not w.admit_taken:
             ids = ", ".join(str(u) for u in w.serving_for)
             w.inputs["serving_for"] = ids

@@ -12,6 +12,7 @@ from __future__ import annotations
 from slurm_elastic.batchsize import goodput_at
 from slurm_elastic.policy.capacity import need_of
 from slurm_elastic.policy.config import UnitSettings
+from slurm_elastic.policy.goodput_trade import node_value
 from slurm_elastic.policy.model import ElasticUnit, JobUtilization, Scalar
 from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.policy.serving import serving_call
@@ -59,6 +60,8 @@ def evaluate(unit: ElasticUnit, ctx: Context) -> UnitWork:
         inputs["admit_floor"] = w.admit_floor
     w.victim_ok = (w.reclaim_ok and s.shrink_to_admit and current > w.admit_floor
                    and not _recent_victim(unit.unit_id, s, ctx))
+    if (ctx.cfg.victim_by_goodput or ctx.cfg.goodput_moves) and w.reclaim_ok:
+        w.node_value = node_value(w, s, ctx)
     if w.paused_by is not None:
         would = f"would {w.action} by {w.want}" if w.action is not Action.HOLD else "would hold"
         inputs["would"] = str(w.reason)

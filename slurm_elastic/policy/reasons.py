@@ -72,6 +72,8 @@ class Reason(enum.StrEnum):
     # speedup-aware growth, behind speedup_growth
     SPEEDUP_GAIN = "SPEEDUP_GAIN"
     LOW_SPEEDUP_GAIN = "LOW_SPEEDUP_GAIN"
+    # goodput trades, behind goodput_moves
+    GOODPUT_MOVE = "GOODPUT_MOVE"
     # moldable start of a pending elastic job, behind moldable_start (policy/moldable.py)
     MOLDABLE_START = "MOLDABLE_START"
     # serving units (#ELASTIC --serving)
@@ -91,10 +93,14 @@ class Reason(enum.StrEnum):
     # Slurm power saving: growing onto powered-down nodes (policy/walk.py), a resume that failed (the shell)
     POWER_RESUME_COST = "POWER_RESUME_COST"
     RESUME_FAILED = "RESUME_FAILED"
+    # cold start of a grow with #ELASTIC --prewarm (the shell, controller/coldstart.py)
+    PREWARM_FAILED = "PREWARM_FAILED"
+    COLD_START = "COLD_START"
 
 
 #: Reasons the controller's shell records (controller/losses.py) and ``decide()`` never returns.
-SHELL_REASONS = frozenset({Reason.PREEMPTED_BY_SLURM, Reason.NODE_FAILURE, Reason.RESUME_FAILED})
+SHELL_REASONS = frozenset({Reason.PREEMPTED_BY_SLURM, Reason.NODE_FAILURE, Reason.RESUME_FAILED,
+                           Reason.PREWARM_FAILED, Reason.COLD_START})
 
 #: One line per reason, for docs/policy.md and ``explain --reasons``.
 REASON_DOCS: dict[Reason, str] = {
@@ -142,6 +148,9 @@ REASON_DOCS: dict[Reason, str] = {
     "remaining time than a restart costs; spare nodes go to the largest saving first",
     Reason.LOW_SPEEDUP_GAIN: "hold (speedup_growth): the next step's marginal efficiency is below "
     "goodput_min_marginal_efficiency, or the time it saves does not exceed a restart",
+    Reason.GOODPUT_MOVE: "shrink (goodput_moves): gives its last node to a unit whose speedup grow found no free "
+    "node, because that unit's next node saves more (net of its restart) than losing it costs this one (plus a "
+    "restart), by the speedup_growth model",
     Reason.MOLDABLE_START: "mold (moldable_start): a pending elastic job that cannot start at its request, "
     "but whose min fits the free whole nodes, is reshaped (scontrol update NumNodes=size-request) to start now on "
     "them; its time limit grows by request / size and it keeps its request as its max, so it grows back",
@@ -170,6 +179,10 @@ REASON_DOCS: dict[Reason, str] = {
     Reason.RESUME_FAILED: "hold, recorded by the controller: an extension job's powered-down node did not come "
     "back within ResumeTimeout; the extension job is cancelled, the unit keeps its size and the node is not "
     "grown onto for power_resume_backoff_s",
+    Reason.PREWARM_FAILED: "hold, recorded by the controller: a grow's --prewarm command failed or timed out on a "
+    "new node; the extension job is cancelled before it joined and the unit keeps its size",
+    Reason.COLD_START: "hold, recorded by the controller: a grow's new nodes joined; its cold start in phases "
+    "(resume, start, prewarm, join), recorded as the unit's restart cost",
 }
 
 

@@ -149,6 +149,15 @@ KEYS: tuple[KeyDef, ...] = (
            "limit / (nodes - 1): what losing one node adds to a unit at linear scaling; unknown last), so that "
            "long jobs are the last victims; wins over victim_by_service; only lower-priority units are ever "
            "victims"),
+    KeyDef("victim_by_goodput", Kind.BOOL, False, None, None, GLOBAL_ONLY,
+           "shrink-to-admit and reserve-reclaim victims: least loss first, the seconds losing its last node adds "
+           "to a unit's remaining run plus a restart, by the speedup_growth model (the goodput model for an "
+           "opted-in unit, published throughput, else the linear-sync model of utilization); wins over "
+           "victim_by_remaining and victim_by_service; only lower-priority units are ever victims"),
+    KeyDef("goodput_moves", Kind.BOOL, False, None, None, GLOBAL_ONLY,
+           "node moves: a speedup_growth grow that finds no free node takes one from the unit whose last node "
+           "is worth least, when the seconds it saves net of its restart exceed what the other loses plus its "
+           "restart (GOODPUT_MOVE); one move per unit per cycle; needs speedup_growth for the growers"),
     KeyDef("admit_backoff_s", Kind.DURATION, 1800, 0, _DAY, GLOBAL_ONLY,
            "after a shrink-to-admit for a pending job, no further one for it until a job that held nodes of its "
            "partitions ends or its request changes, and at most this long"),

@@ -37,6 +37,8 @@ from slurm_elastic.policy.capacity import (
     need_of,
 )
 from slurm_elastic.policy.fairshare import account_weight, split_spare
+from slurm_elastic.policy.goodput_trade import plan_moves
+from slurm_elastic.policy.goodput_trade import victim_key as goodput_victim_key
 from slurm_elastic.policy.gpulimits import GpuLimitTracker
 from slurm_elastic.policy.model import AdmitBasis, PolicyInput, ResizeRecord, admit_request
 from slurm_elastic.policy.reasons import Action, Reason
@@ -252,6 +254,8 @@ class Walk:
             self.live_freeing[part] = _Live(pairs, lambda pair: pair[0] in claimed)
 
     def _victim_order(self) -> Callable[[UnitWork], tuple[Any, ...]]:
+        if self.ctx.cfg.victim_by_goodput:
+            return goodput_victim_key
         if self.ctx.cfg.victim_by_remaining:
             now = self.ctx.now
             return lambda v: remaining_key(v, now)
@@ -312,6 +316,12 @@ class Walk:
                 if (item.serving and len(item.granted) < item.want
                         and item.final in (None, Reason.NO_FREE_NODES, Reason.RESERVE_KEPT)):
                     self._serving_reclaim(item, item.want - len(item.granted))  # short of nodes, not of quota
+        if self.ctx.cfg.goodput_moves:
+            plan_moves(self.works, self._move_fits)
+
+    def _move_fits(self, name: str, donor: UnitWork, receiver: UnitWork) -> bool:
+        """goodput_moves: would node ``name`` of ``donor`` fit ``receiver`` (its partition, GRES) once freed?"""
+        return self._helps(name, donor, {receiver.unit.job.partition}, receiver.need)
 
     # --- reserve reclaim ----------------------------------------------------------------------------------------
 
@@ -487,7 +497,8 @@ class Walk:
         if failed_at is not None and deficit >= failed_at:
             return  # surplus only shrinks during a walk and later jobs have lower priority: still no fit
         part_set = set(parts)
-        by_service = self.ctx.cfg.victim_by_service or self.ctx.cfg.victim_by_remaining  # not priority order
+        cfg = self.ctx.cfg
+        by_service = cfg.victim_by_service or cfg.victim_by_remaining or cfg.victim_by_goodput  # not priority order
         claims: list[str] = []
         for part in parts:
             live_freeing = self.live_freeing.get(part)
@@ -525,7 +536,10 @@ class Walk:
             return  # the nodes that metric shrinks give back anyway are enough
         basis = self._admit_basis(job, part_set)
         for w, k in tentative:
-            if self.ctx.cfg.victim_by_remaining:
+            if cfg.victim_by_goodput:
+                v = w.node_value
+                w.inputs["victim_loss_s"] = None if v is None or v.loss_s is None else round(v.loss_s, 1)
+            elif cfg.victim_by_remaining:
                 added = added_time_s(w, self.ctx.now)
                 w.inputs["victim_added_s"] = round(added, 1) if added is not None else None
             elif by_service:

@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from slurm_elastic.policy.capacity import Need
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver, UnitSettings
 from slurm_elastic.policy.model import AdmitBasis, ElasticUnit, JobUtilization, Scalar, ServingLoad
 from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.policy.shrink import Removable, removal_order
+
+if TYPE_CHECKING:
+    from slurm_elastic.policy.goodput_trade import NodeValue
 
 NO_ACCOUNT = "(none)"
 
@@ -51,6 +55,9 @@ class UnitWork:
     serving_for: list[int] = field(default_factory=list)  # serving units it gives nodes back to
     serving_reclaim: int = 0  # nodes reclaimed from training for this serving unit's grow
     gain_s: float | None = None  # speedup_growth: net seconds its grow saves (ranks grows among themselves)
+    node_value: NodeValue | None = None  # victim_by_goodput / goodput_moves: what its last node is worth
+    move_to: int | None = None  # goodput_moves: the unit it gives a node to
+    moved_from: int | None = None  # goodput_moves: the unit that gives it a node
 
     @property
     def unit_id(self) -> int:

@@ -150,6 +150,15 @@ def reclaim() -> tuple[PolicyInput, PolicyConfig]:
     return inp, cfg(partition={"gpu": {"free_node_reserve": 2, "reclaim_reserve": True}})
 
 
+def goodput_move() -> tuple[PolicyInput, PolicyConfig]:
+    # unit 200 at 95% on one node would grow, no node is free; unit 100's third node at 45% is worth little
+    grower = unit(job(200, nodes=("n1",), time_limit_min=600))
+    donor = unit(job(100, nodes=("n2", "n3", "n4"), time_limit_min=600))
+    inp = make_input([grower, donor], nodes(4, busy=["n1", "n2", "n3", "n4"]),
+                     utils=[util(200, 95), util(100, 45)])
+    return inp, cfg(speedup_growth=True, goodput_moves=True)
+
+
 def in_progress() -> tuple[PolicyInput, PolicyConfig]:
     inp, config = one(12, leader=("n1", "n2"))
     return replace(inp, in_progress=(ActionInProgress(100, "shrink", ago(90)),)), config
@@ -238,6 +247,8 @@ CASES: list[Case] = [
          "+1 node(s) to 1: speedup 1.739 (utilization model, mean util 95%", basis=Basis.UTILIZATION, target=2),
     Case(Reason.LOW_SPEEDUP_GAIN, Action.HOLD, lambda: one(85, time_limit_min=600, config=cfg(speedup_growth=True)),
          "marginal efficiency 0.38, saves", basis=Basis.UTILIZATION),
+    Case(Reason.GOODPUT_MOVE, Action.SHRINK, goodput_move, "gives node n4 to unit 200, whose next node saves",
+         basis=Basis.UTILIZATION, target=2),
     Case(Reason.FAIR_SHARE_LIMIT, Action.HOLD, fair, "account a has used its fair share", unit_id=101),
     Case(Reason.RESTART_COST, Action.HOLD, restart_cost, "expected gain 600s over the remaining 1200s <= restart "
          "cost 600s"),
