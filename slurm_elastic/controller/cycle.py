@@ -1,4 +1,4 @@
-"""One controller cycle, and reconcile: the imperative shell around the pure policy.
+"""One controller cycle: the imperative shell around the pure policy.
 
 A cycle: hold the lease -> snapshot Slurm (refuse to act on an old one) -> finish shrinks whose grace is over ->
 build the elastic units -> collect agent metrics and store one sample per unit -> decide (pure) -> record the
@@ -6,9 +6,7 @@ decisions (every grow and shrink; a hold when it changed, else every hold_heartb
 the rest (journaled; never in dry-run, never without the lease, never twice for a unit that has an action in
 flight). One unit's failure never stops the cycle.
 
-Reconcile (on start and periodically): resolve dangling grow intents by looking for their idempotency key in
-Slurm (found: applied; absent: aborted -- never resubmitted blindly), cancel extension jobs whose leader is gone,
-and close the store's records of extension jobs Slurm no longer runs.
+Reconcile (on start and periodically, :meth:`Controller.reconcile`) is in controller/reconcile.py.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from slurm_elastic.controller.actuator import Actuator, CycleContext
 from slurm_elastic.controller.admits import AdmitFollower
 from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
-from slurm_elastic.controller.extension import orphaned_extensions, parse_tag
+from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.controller.goodput import GoodputReader, StoreJournal
 from slurm_elastic.controller.gradstats import GradStatsReader
 from slurm_elastic.controller.hold_filter import HoldFilter
@@ -34,6 +32,7 @@ from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.controller.ports import AgentCollector, Clock, ControllerStore, SlurmControl
 from slurm_elastic.controller.power import ResumeFailures
 from slurm_elastic.controller.progress import journal_since, with_progress
+from slurm_elastic.controller.reconcile import ACTIVE, FinalStates, is_known_key, reconcile_pass
 from slurm_elastic.controller.serving import ServingReader
 from slurm_elastic.controller.shares import AccountingCache
 from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units
@@ -50,13 +49,12 @@ from slurm_elastic.policy import (
     decide,
     parse_config,
 )
-from slurm_elastic.policy.capacity import is_resumable_node
 from slurm_elastic.policy.holds import LOOKBACK_S as BACKOFF_LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, UnitMeasure
 from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd, ServingLoad
-from slurm_elastic.slurm.adapter import FinalStateReader, PowerConfigReader
+from slurm_elastic.slurm.adapter import PowerConfigReader
 from slurm_elastic.slurm.errors import SlurmError
-from slurm_elastic.slurm.model import ClusterSnapshot, Job, Node
+from slurm_elastic.slurm.model import ClusterSnapshot
 from slurm_elastic.slurm.openapi import gc_paused
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.records import (
@@ -75,7 +73,6 @@ from slurm_elastic.store.records import (
 log = logging.getLogger(__name__)
 
 Collector = AgentCollector
-ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "SUSPENDED", "COMPLETING"}
 _KIND_ACTION = {ActionKind.GROW: Action.GROW, ActionKind.SHRINK: Action.SHRINK,
                 ActionKind.CANCEL_EXTENSION: Action.SHRINK}
 _STATE_OUTCOME = {ActionState.APPLIED: Outcome.APPLIED, ActionState.FAILED: Outcome.FAILED,
@@ -109,13 +106,14 @@ class Controller:
         self.holds = HoldFilter(cfg.hold_heartbeat_s)  # holds are stored by change (hold_filter.py)
         self.specs = SpecCache()
         self.admits = AdmitFollower(verify_s=max(60.0, 5 * cfg.interval_s))  # did shrink-to-admit work?
-        self._sacct_failing = False
+        self.final_states = FinalStates()  # sacct's word on jobs that left squeue (reconcile.py)
         self.accounting = AccountingCache(slurm, cfg.accounting_refresh_s)  # sshare weights, Slurm GPU limits
         self.goodput = GoodputReader(StoreJournal(store))  # jobs' published throughput (docs/goodput.md)
         self.gradstats = GradStatsReader()  # opted-in jobs' adaptive-batch state (docs/goodput.md)
         self.serving = ServingReader(store.demand)  # serving units' load and latency (docs/serving.md)
         self._last_sample: dict[int, datetime] = {}
         self._slurm_down_since: float | None = None
+        self._db_down_since: float | None = None  # the state DB failed a cycle's lease step since then
         self._token: FencingToken | None = None
         self.process = this_process()  # recorded in the lease: a successor checks whether it still runs
         self.policy_version: int | None = None  # the stored policy version in force (None: file or defaults)
@@ -170,19 +168,23 @@ class Controller:
         return snap
 
     def _is_known_key(self, parent: int, key: str) -> bool:
-        rec = self.store.journal.find_by_idempotency_key(key)
-        return rec is not None and rec.job_id == parent and rec.kind == ActionKind.GROW
+        return is_known_key(self.store, parent, key)
 
     # --- the cycle -----------------------------------------------------------------------------------------
     def run_cycle(self) -> CycleSummary:
         try:
             token = self._hold_lease()
+            if self._db_down_since is not None:
+                log.info("the state DB answers again after %.0fs", time.monotonic() - self._db_down_since)
+                self._db_down_since = None
             if token is None:
                 return CycleSummary(cycle_id=None, skipped="not the lease holder")
             self.refresh_policy()
             cycle_id = self.store.decisions.begin_cycle(holder=self.cfg.holder_name, dry_run=self.cfg.dry_run)
-        except StoreError as e:  # DB locked or full: no lease and no journal, so no action (docs/reliability.md)
-            self._token = None
+        except StoreError as e:  # DB locked, full or cut off: no lease and no journal, so no action
+            self._token = None  # (docs/reliability.md); the lease must be won again, and may be another's by then
+            if self._db_down_since is None:
+                self._db_down_since = time.monotonic()
             log.error("cycle skipped, the state DB is unavailable: %s", e)
             return CycleSummary(cycle_id=None, error=str(e))
         summary = CycleSummary(cycle_id=cycle_id)
@@ -323,7 +325,8 @@ class Controller:
                 log.info("job %s: directives ignored: %s", bad.display_id, reason)
         live = {j.job_id for j in snap.jobs if j.state in ACTIVE}
         # From 23.02 on finished jobs are not in squeue --all at all: how they ended comes from sacct.
-        final = self._final_states([r.job_id for r in known if r.job_id not in live and snap.job(r.job_id) is None])
+        unseen = [r.job_id for r in known if r.job_id not in live and snap.job(r.job_id) is None]
+        final = self.final_states.read(self.slurm, unseen)
         for rec in known:
             if rec.job_id not in live:
                 gone = snap.job(rec.job_id)
@@ -463,127 +466,22 @@ class Controller:
                            signal=d.signal, profile=d.profile, paused=d.reason == "PAUSED",
                            dry_run=self.cfg.dry_run)
 
-    # --- reconcile ------------------------------------------------------------------------------------------
-    def _cancel_extension(self, job_id: int, what: str) -> bool:
-        """scancel an extension job and close its record; a refusal is logged and retried next pass."""
-        try:
-            self.slurm.cancel(job_id)
-        except SlurmError as e:
-            log.warning("cannot cancel %s %d: %s", what, job_id, e)
-            return False
-        self.store.jobs.update_extension(job_id, state="CANCELLED", ended=True)
-        return True
-
+    # --- reconcile (controller/reconcile.py) ------------------------------------------------------------
     def reconcile(self, older_than: timedelta = timedelta(seconds=0)) -> list[str]:
         """Bring the journal and Slurm back in agreement (after a crash, or drift). Returns what it did.
         A locked or full DB, or Slurm failing mid-way, ends this pass with one error line (like a cycle): what
         was done is journaled, the rest is picked up by the next pass."""
         try:
-            return self._reconcile(older_than)
+            if self._hold_lease() is None:
+                return []
+            snap = self._snapshot()
+            if snap is None:
+                return []
+            return reconcile_pass(snap, slurm=self.slurm, store=self.store, older_than=older_than,
+                                  final_states=self.final_states)
         except (StoreError, SlurmError) as e:
             log.error("reconcile pass stopped, retried at the next one: %s", e)
             return []
-
-    def _final_states(self, job_ids: Sequence[int]) -> dict[int, str]:
-        """sacct's final states of extension jobs that left squeue unseen; {} without accounting (the records
-        then close as ENDED, and a Slurm-side loss among them goes unrecorded: said once per outage)."""
-        if not job_ids or not isinstance(self.slurm, FinalStateReader):
-            return {}
-        try:
-            states = self.slurm.final_states(job_ids)
-        except SlurmError as e:
-            if not self._sacct_failing:
-                log.warning("sacct unreadable (%s): extension jobs that left squeue unseen close as ENDED; a "
-                            "preemption or node failure among them is not recorded", e)
-            self._sacct_failing = True
-            return {}
-        self._sacct_failing = False
-        return states
-
-    def _reconcile(self, older_than: timedelta) -> list[str]:
-        if self._hold_lease() is None:
-            return []
-        snap = self._snapshot()
-        if snap is None:
-            return []
-        done: list[str] = []
-        by_key: dict[str, list[Job]] = {}
-        for j in snap.jobs:
-            tag = parse_tag(j.comment)
-            if tag is not None:
-                by_key.setdefault(tag.key, []).append(j)
-        for action in self.store.journal.dangling(older_than=older_than):
-            if action.kind != ActionKind.GROW:
-                continue  # shrinks are finished by the cycle after their grace period
-            found = [j for j in by_key.get(action.idempotency_key, []) if j.user == _owner(snap, action.job_id, j)]
-            if found:
-                ext = min(found, key=lambda j: j.job_id)
-                for dup in found:
-                    if dup.job_id != ext.job_id and dup.state in ACTIVE:  # never keep two for one key
-                        self.slurm.cancel(dup.job_id)
-                        done.append(f"cancelled duplicate extension {dup.job_id}")
-                if action.state == ActionState.INTENT:
-                    self.store.journal.mark_in_progress(action.id)
-                self.store.jobs.record_extension(job_id=ext.job_id, parent_job_id=action.job_id,
-                                                 node_count=ext.node_count, state=ext.state, action_id=action.id,
-                                                 idempotency_key=action.idempotency_key,
-                                                 nodelist=",".join(ext.nodes))
-                self.store.journal.mark_applied(action.id, f"reconciled: extension job {ext.job_id} found")
-                done.append(f"action {action.id}: found extension {ext.job_id}")
-            else:
-                self.store.journal.abort(action.id, "reconciled: no extension job carries its key")
-                done.append(f"action {action.id}: aborted (nothing in Slurm)")
-        live_leaders = {j.job_id for j in snap.jobs if j.is_running and parse_tag(j.comment) is None}
-        for orphan in orphaned_extensions(snap.jobs, live_leaders, self._is_known_key):
-            tag = parse_tag(orphan.comment)
-            leader_rec = self.store.jobs.get_job(tag.parent) if tag else None
-            if leader_rec is None or leader_rec.user != orphan.user:
-                # Only the leader's owner's jobs are its extensions: a copied key on someone else's job is not
-                # ours to cancel.
-                continue
-            if self._cancel_extension(orphan.job_id, "orphan extension"):
-                done.append(f"cancelled orphan extension {orphan.job_id}")
-        active = list(self.store.jobs.extensions(active_only=True))
-        final = self._final_states([rec.job_id for rec in active if snap.job(rec.job_id) is None])
-        for rec in active:
-            job = snap.job(rec.job_id)
-            if job is None or job.state not in ACTIVE:
-                # A job that left squeue (MinJobAge) unseen ends as sacct has it, so a loss (PREEMPTED,
-                # NODE_FAIL) while the controller was away is still recorded by the next cycle (losses.py).
-                state = job.state if job is not None else final.get(rec.job_id, "ENDED")
-                self.store.jobs.update_extension(rec.job_id, state=state, ended=True)
-            elif job.is_pending and (dead := _unusable_nodes(snap, rec.nodelist)):
-                # Pinned (--nodelist) to a node that died before it started: it would pend forever and hold
-                # the job's growth; cancel it so a later cycle can grow onto a live node (docs/reliability.md).
-                if self._cancel_extension(rec.job_id, "extension pending on dead node(s)"):
-                    done.append(f"cancelled extension {rec.job_id} of job {rec.parent_job_id}: pending on "
-                                f"unusable node(s) {dead}")
-            elif job.state != rec.state:
-                self.store.jobs.update_extension(rec.job_id, state=job.state, nodelist=",".join(job.nodes))
-        for line in done:
-            log.info("reconcile: %s", line)
-        return done
-
-
-def _unusable_nodes(snap: ClusterSnapshot, nodelist: str | None) -> str:
-    """The nodes of ``nodelist`` that are gone, down, drained or not responding (comma-separated), or "". A node
-    Slurm's power saving resumes for the job (powered down, or powering up) is not: ResumeTimeout decides
-    whether it comes back (controller/power.py)."""
-    names = [n for n in (nodelist or "").split(",") if n]
-    return ",".join(n for n in names if (node := snap.node(n)) is None
-                    or not (node.is_available or _booting(node)))
-
-
-def _booting(node: Node) -> bool:
-    if is_resumable_node(node):
-        return True
-    return ("POWERING_UP" in node.state_flags and node.state not in {"DOWN", "FAIL", "FAILING"}
-            and "DRAIN" not in node.state_flags)
-
-
-def _owner(snap: ClusterSnapshot, leader_id: int, fallback: object) -> str | None:
-    leader = snap.job(leader_id)
-    return leader.user if leader else getattr(fallback, "user", None)
 
 
 def outcome_class(text: str) -> str:

@@ -106,10 +106,10 @@ def test_the_shell_cancels_records_once_and_backs_the_node_off() -> None:
 
 
 def test_a_node_slurm_resumes_for_a_pending_extension_is_not_unusable() -> None:
-    from slurm_elastic.controller.cycle import _unusable_nodes
+    from slurm_elastic.controller.reconcile import unusable_nodes
 
     snap = snapshot([], [_n("n5", "POWERED_DOWN"), _n("n6", "POWERING_UP", "NOT_RESPONDING", state="MIXED"),
                          _n("n7", "POWERED_DOWN", "NOT_RESPONDING", state="DOWN"), _n("n8", "POWERING_DOWN"),
                          node("n9", flags=("NOT_RESPONDING",))])
-    assert _unusable_nodes(snap, "n5,n6,n8") == ""  # n8: Slurm resumes it once it is down (SuspendTimeout)
-    assert _unusable_nodes(snap, "n5,n7,n9,gone") == "n7,n9,gone"
+    assert unusable_nodes(snap, "n5,n6,n8") == ""  # n8: Slurm resumes it once it is down (SuspendTimeout)
+    assert unusable_nodes(snap, "n5,n7,n9,gone") == "n7,n9,gone"
