@@ -49,6 +49,7 @@ VOLATILE_INPUTS = frozenset({
     "since_grow_s", "replicas_reported", "rps_per_replica", "cold_start_s",
     # adaptive batch size: the job's statistics and the model's goodput move with every report
     "noise_scale", "goodput_now", "goodput_next",
+    "last_node_loss_s",  # victim_by_goodput / goodput_moves: shrinks with the time left every cycle
 })
 UTIL_BAND_PCT = 10.0
 EFFICIENCY_BAND = 0.1
@@ -59,6 +60,7 @@ BANDED_INPUTS: Mapping[str, float] = {
     "shrunk_share": EFFICIENCY_BAND,  # tail_protection: the share of its life a unit ran shrunk
     "speedup_efficiency": EFFICIENCY_BAND,  # speedup_growth: the next step's modelled marginal efficiency
     "next_speedup": EFFICIENCY_BAND,
+    "last_node_slowdown": EFFICIENCY_BAND,  # victim_by_goodput / goodput_moves: what the last node is worth
     "batch_efficiency_now": EFFICIENCY_BAND, "batch_efficiency_next": EFFICIENCY_BAND,  # adaptive batch size
 }
 UNCHANGED_SINCE = "unchanged_since"

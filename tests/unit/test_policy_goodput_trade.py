@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from slurm_elastic.controller.hold_filter import BANDED_INPUTS, VOLATILE_INPUTS
 from slurm_elastic.policy import Action, Basis, Decision, Reason, decide
 from slurm_elastic.policy.goodput_trade import loss_s, model_slowdown
 from slurm_elastic.policy.speedup import model_speedup
@@ -129,3 +130,8 @@ def test_one_move_per_unit_per_cycle() -> None:
     assert (ds[200].action, ds[200].target_nodes) == (Action.SHRINK, 3)
     assert ds[200].inputs["move_to"] == ds[100].display_id
     assert "GOODPUT_MOVE" in ds[100].message and "GOODPUT_MOVE" not in ds[101].message
+
+
+def test_holds_are_not_rewritten_each_cycle_for_the_loss() -> None:
+    assert "last_node_loss_s" in VOLATILE_INPUTS  # shrinks with the time left every cycle
+    assert "last_node_slowdown" in BANDED_INPUTS
