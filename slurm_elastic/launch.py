@@ -12,6 +12,10 @@ launcher is the task and does:
 * **Gate an extension's join** (``SLURM_ELASTIC_ROLE=extension``): before its workers start, wait until the
   running workers acknowledged their checkpoint (:func:`slurm_elastic.resize.gate_join`), at most
   ``SLURM_ELASTIC_NOTICE_GRACE`` seconds (the controller's ``[extension] notice_grace_s``).
+* **Prewarm an extension's nodes** (``SLURM_ELASTIC_PREWARM``, from ``#ELASTIC --prewarm``): run the command
+  on this node, wait until all the extension's nodes are ready (:mod:`slurm_elastic.prewarm`), and only then
+  post the grow notice that asks the running workers to checkpoint; a failed or timed-out prewarm exits 3
+  without joining (the controller ends that grow).
 * **Pin the rendezvous store** (torchrun mode): only the agent on the leader's batch host
   (``SLURM_ELASTIC_RDZV_HOST_NODE``, set by the batch script) hosts the c10d store (``is_host=true``); every
   other agent is a client, even where all nodes share one hostname.
@@ -30,7 +34,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from slurm_elastic import resize
+from slurm_elastic import prewarm, resize
 
 NOTICE_POLL_S = 0.5
 
@@ -121,14 +125,34 @@ def rdzv_args(args: Sequence[str], env: dict[str, str] | os._Environ[str]) -> li
     return out if done else [f"--rdzv-conf={value}", *out]
 
 
-def gate() -> None:
+PREWARM_FAILED_RC = 3
+
+
+def gate() -> bool:
+    """In an extension job: prewarm (when asked), then wait for the running workers' checkpoint. False: do not
+    join (the prewarm failed here or on another node of the job)."""
     if os.environ.get("SLURM_ELASTIC_ROLE") != "extension":
-        return
+        return True
+    warmed = prewarm.prewarm_and_wait(os.environ, log=_log)
+    if warmed is False:
+        return False
     try:
         grace = float(os.environ.get("SLURM_ELASTIC_NOTICE_GRACE", "30"))
     except ValueError:
         grace = 30.0
-    resize.gate_join(grace, log=_log)
+    if not warmed:
+        resize.gate_join(grace, log=_log)
+        return True
+    # After a prewarm the controller has posted nothing yet (the leader is not disturbed until the new nodes
+    # are ready): the job's first node posts the notice now, fresh; its other nodes wait for the same one.
+    job = os.environ.get("SLURM_JOB_ID", "0") or "0"
+    notice_id = f"ext:{job}:prewarm"
+    if os.environ.get("SLURM_NODEID", "0") == "0":
+        resize.gate_join(grace, log=_log, fresh=True, notice_id=notice_id)
+    else:
+        resize.follow_join(notice_id, grace)
+    prewarm.record(prewarm.default_path(), "joined", job=int(job), node=os.environ.get("SLURMD_NODENAME", "?"))
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     mode, rest = args[0], args[1:]
     install_forwarding(signum)
-    gate()
+    if not gate():
+        return PREWARM_FAILED_RC
     stop = threading.Event()
     watch_notices(signum, None, stop)
     if mode == "exec":

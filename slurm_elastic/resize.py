@@ -253,19 +253,21 @@ def wait_acknowledged(n: Notice, path: str | None = None, *, poll_s: float = 0.2
 
 
 def gate_join(grace_s: float, path: str | None = None, *, margin_s: float = 20.0,
-              log: Callable[[str], None] | None = None) -> Ack | None:
+              log: Callable[[str], None] | None = None, fresh: bool = False,
+              notice_id: str | None = None) -> Ack | None:
     """In an extension job, before its workers join: make sure the running workers have checkpointed.
 
     The controller posted a grow notice when it submitted this job. When it is missing, or so old that the
     running workers will stop holding within ``margin_s`` (the job waited in the queue), a fresh one is posted
-    with ``grace_s``. Then wait for its acknowledgement, at most until its deadline."""
+    with ``grace_s`` (always, with ``fresh``: after a prewarm the controller posted none). Then wait for its
+    acknowledgement, at most until its deadline."""
     target = path or default_path()
     if target is None:
         return None
     n = read_notice(target)
-    if n is None or n.kind != "grow" or time.time() > n.hold_until - margin_s:
+    if fresh or n is None or n.kind != "grow" or time.time() > n.hold_until - margin_s:
         job = os.environ.get("SLURM_JOB_ID", "x")
-        n = make_notice("grow", grace_s, notice_id=f"ext:{job}:{uuid.uuid4().hex[:8]}")
+        n = make_notice("grow", grace_s, notice_id=notice_id or f"ext:{job}:{uuid.uuid4().hex[:8]}")
         if not post(n, target):
             return None
     got = wait_acknowledged(n, target)
@@ -273,3 +275,17 @@ def gate_join(grace_s: float, path: str | None = None, *, margin_s: float = 20.0
         what = f"acknowledged after {got.time - n.time:.1f}s" if got else "not acknowledged by its deadline"
         log(f"resize notice {n.id}: {what}")
     return got
+
+
+def follow_join(notice_id: str, grace_s: float, path: str | None = None, *, poll_s: float = 0.2) -> Ack | None:
+    """Another node of the same extension job: wait until the notice ``notice_id`` (posted by the job's first
+    node with :func:`gate_join`) is there, then for its acknowledgement; at most ``grace_s`` for each."""
+    target = path or default_path()
+    if target is None:
+        return None
+    until = time.time() + grace_s
+    while (n := read_notice(target)) is None or n.id != notice_id:
+        if time.time() >= until:
+            return None
+        time.sleep(poll_s)
+    return wait_acknowledged(n, target, poll_s=poll_s)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from slurm_elastic.controller.extension import build_request, rendezvous_endpoint
+from slurm_elastic.controller.extension import build_request, prewarm_of, rendezvous_endpoint
 from slurm_elastic.controller.notices import NoticeBoard, NoticeError
 from slurm_elastic.policy import Decision
 from slurm_elastic.resize import Notice, make_notice
@@ -121,21 +121,26 @@ class Actuator:
                     "notice_s": notice_s, "last_ack_s": known_ack})
         self.fault("grow:after-intent")
         self.store.journal.mark_in_progress(action_id, fencing=token)
-        notice = make_notice("grow", notice_s, now=now.timestamp(), from_nodes=d.current_nodes,
-                             to_nodes=d.target_nodes, notice_id=key)
-        notice_note = self._post_notice(unit, d.unit_id, notice)
-        if not notice_note.startswith("; no "):
-            self._grow_notices[d.unit_id] = notice
         try:
             script_owner = unit.het_job_id if unit.het_job_id is not None else unit.job_id
             script = self.slurm.batch_script(script_owner)
+            prewarm = prewarm_of(unit, script)
+            if prewarm is None:
+                notice = make_notice("grow", notice_s, now=now.timestamp(), from_nodes=d.current_nodes,
+                                     to_nodes=d.target_nodes, notice_id=key)
+                notice_note = self._post_notice(unit, d.unit_id, notice)
+                if not notice_note.startswith("; no "):
+                    self._grow_notices[d.unit_id] = notice
+            else:  # the leader is not disturbed until the new nodes are ready: their launcher posts the notice
+                notice_note = f"; prewarm first (timeout {prewarm[1]}s), notice once the new nodes are ready"
             batch = snap.node(unit.batch_host) if unit.batch_host else None
             sub_min = _give_back_min(unit, plan.time_limit_sub_s)
             # The extension never outlives the leader: its limit is the leader's once the give-back is done.
             sized = replace(unit, time_limit_min=(unit.time_limit_min or 0) - sub_min) if sub_min else unit
             req = build_request(sized, plan.nodes, key, now,
                                 rendezvous=rendezvous_endpoint(unit, batch.address if batch else None),
-                                base_env=self.extension_env, qos=self.extension_qos, notice_grace_s=notice_s)
+                                base_env=self.extension_env, qos=self.extension_qos, notice_grace_s=notice_s,
+                                prewarm=prewarm)
             ext_id = self.slurm.submit_as(req.user, script, req.sbatch_args, env=req.env)
         except SlurmError as e:
             self.store.journal.mark_failed(action_id, _msg(e), transient=isinstance(e, SlurmTransientError))

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from slurm_elastic.controller.actuator import Actuator, CycleContext
 from slurm_elastic.controller.admits import AdmitFollower
+from slurm_elastic.controller.coldstart import ColdStarts
 from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.extension import parse_tag
@@ -103,6 +104,7 @@ class Controller:
                                              notice_grace_s=cfg.notice_grace_s)
         self.losses = LossRecorder(store)  # extensions Slurm took away: preemption, node failure (losses.py)
         self.power = ResumeFailures(store)  # Slurm power saving: resume times, failed resumes (power.py)
+        self.coldstart = ColdStarts(store, self.power.tracker)  # --prewarm grows: failures, phases (coldstart.py)
         self.holds = HoldFilter(cfg.hold_heartbeat_s)  # holds are stored by change (hold_filter.py)
         self.specs = SpecCache()
         self.admits = AdmitFollower(verify_s=max(60.0, 5 * cfg.interval_s))  # did shrink-to-admit work?
@@ -225,6 +227,11 @@ class Controller:
             if self.metrics is not None:
                 self.metrics.decisions.labels(failed.action, failed.reason).inc()
             self.holds.forget(failed.job_id)
+        for warm in self.coldstart.handle(summary.cycle_id or 0, units, snap, now, cancel=self._cancel,
+                                          dry_run=self.cfg.dry_run, fencing=token):
+            if self.metrics is not None:
+                self.metrics.decisions.labels(warm.action, warm.reason).inc()
+            self.holds.forget(warm.job_id)
         for lost in self.losses.record(summary.cycle_id or 0, units, snap, now, previous_nodes=before,
                                        fencing=token):
             if self.metrics is not None:
@@ -239,6 +246,10 @@ class Controller:
         policy = with_paused_jobs(self.policy, paused_units(built.units, self.store.pauses.list_pauses()))
         builder = PolicyInputBuilder(policy, now, self.cfg.interval_s)
         samples, measures = self._measure(snap, built.units, builder)
+        if any(u.spec.prewarm is not None for u in built.units):  # measured cold starts: the restart cost
+            for uid, cost in self.coldstart.restart_s(now).items():
+                if uid in measures:
+                    measures[uid] = replace(measures[uid], cold_start_s=cost)
         serving = self._serving_loads(built.units, builder)
         history = self._history(recent, units) + self.losses.history(units, now)
         since = journal_since(built.units, now, timedelta(days=1))  # a unit that started before the day read above

@@ -18,6 +18,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+from slurm_elastic.directives import parse_script, select_component
+from slurm_elastic.directives.admin_comment import extract, spec_from_admin_comment
+from slurm_elastic.directives.spec import SpecError
+from slurm_elastic.prewarm import ENV_COMMAND as ENV_PREWARM
+from slurm_elastic.prewarm import ENV_TIMEOUT as ENV_PREWARM_TIMEOUT
 from slurm_elastic.slurm import hostlist
 from slurm_elastic.slurm.model import Job
 
@@ -100,12 +105,15 @@ def build_request(
     base_env: Mapping[str, str] | None = None,
     qos: str = "",
     notice_grace_s: float | None = None,
+    prewarm: tuple[str, int] | None = None,
 ) -> ExtensionRequest:
     """sbatch arguments and environment for an extension job of ``leader`` on exactly ``nodes``.
 
     ``qos``: the site's QOS for extension jobs (``[extension] qos``, e.g. a preemptible scavenger QOS); empty
     means the leader's own QOS. The leader itself never runs in it. ``notice_grace_s``: how long the extension's
-    launcher waits for the running workers to acknowledge their checkpoint before its own workers join."""
+    launcher waits for the running workers to acknowledge their checkpoint before its own workers join.
+    ``prewarm``: the job's ``--prewarm`` command and timeout (s), which the launcher runs on each new node first
+    (slurm_elastic/prewarm.py)."""
     node_list = list(nodes)
     if not node_list:
         raise ValueError("an extension job needs at least one node")
@@ -148,7 +156,24 @@ def build_request(
     )
     if notice_grace_s is not None:
         env["SLURM_ELASTIC_NOTICE_GRACE"] = f"{notice_grace_s:g}"
+    if prewarm is not None:
+        env[ENV_PREWARM], env[ENV_PREWARM_TIMEOUT] = prewarm[0], str(int(prewarm[1]))
     return ExtensionRequest(user=leader.user, sbatch_args=tuple(args), env=env, tag=tag)
+
+
+def prewarm_of(job: Job, script: str | bytes) -> tuple[str, int] | None:
+    """The leader's ``--prewarm`` command and timeout: from the spec the job_submit plugin stored, else from its
+    script (the same sources as controller/units.py); None when it has none."""
+    try:
+        if extract(job.admin_comment) is not None:
+            spec = spec_from_admin_comment(job.admin_comment)
+        else:
+            spec = select_component(parse_script(script), job.het_job_offset).spec
+    except SpecError:
+        return None
+    if spec is None or spec.prewarm is None:
+        return None
+    return spec.prewarm, spec.prewarm_timeout_s
 
 
 def trusted_extensions(

@@ -51,6 +51,7 @@ class PowerTracker:
 
     since: dict[str, datetime] = field(default_factory=dict)  # node -> first seen POWERING_UP
     resume_s: dict[str, list[float]] = field(default_factory=dict)
+    last_up: dict[str, tuple[datetime, float]] = field(default_factory=dict)  # node -> (came up at, took s)
 
     def observe(self, snap: ClusterSnapshot, now: datetime) -> dict[str, str]:
         """Update from one snapshot; returns the nodes whose resume failed since the last one (-> their state)."""
@@ -65,6 +66,7 @@ class PowerTracker:
             if _came_up(node):
                 kept = self.resume_s.setdefault(node.name, [])
                 kept.append((now - started).total_seconds())
+                self.last_up[node.name] = (now, kept[-1])
                 del kept[:-KEEP_PER_NODE]
             else:
                 failed[node.name] = _state(node)

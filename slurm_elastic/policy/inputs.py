@@ -78,6 +78,7 @@ class UnitMeasure:
     throughput: tuple[ThroughputSample, ...] = ()
     restart_s: float | None = None
     adaptive: AdaptiveState | None = None  # an opted-in job's adaptive-batch state (slurm_elastic.batchsize)
+    cold_start_s: float | None = None  # measured grows' restart cost (controller/coldstart.py), for every unit
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def utilization(unit_id: int, samples: Iterable[UtilizationSample], since: datet
         gpus_allocated=m.gpus_allocated,
         gpus_in_use=m.gpus_in_use,
         throughput=m.throughput,
-        restart_s=m.restart_s,
+        restart_s=max((r for r in (m.restart_s, m.cold_start_s) if r is not None), default=None),
         adaptive=m.adaptive,
     )
 
@@ -177,7 +178,7 @@ class PolicyInputBuilder:
             r = self.reads(u)
             m = measures.get(u.unit_id)
             if m is not None and not r.goodput and (m.throughput or m.restart_s is not None or m.adaptive):
-                m = UnitMeasure(m.gpus_allocated, m.gpus_in_use)
+                m = UnitMeasure(m.gpus_allocated, m.gpus_in_use, cold_start_s=m.cold_start_s)
             found = utilization(u.unit_id, samples.get(u.unit_id, ()), r.since, m)
             if found is not None:
                 util[u.unit_id] = found
