@@ -28,8 +28,9 @@ from typing import Any
 from slurm_elastic.controller.extension import build_request, prewarm_of, rendezvous_endpoint
 from slurm_elastic.controller.notices import NoticeBoard, NoticeError
 from slurm_elastic.policy import Decision
+from slurm_elastic.policy.moldable import Mold
 from slurm_elastic.resize import Notice, make_notice
-from slurm_elastic.slurm.adapter import ResizeRefusedError, SlurmControl
+from slurm_elastic.slurm.adapter import Molder, ResizeRefusedError, SlurmControl
 from slurm_elastic.slurm.errors import SlurmError, SlurmJobNotFoundError, SlurmTransientError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store.protocols import ActuatorStore
@@ -313,6 +314,69 @@ class Actuator:
         # What a later grow may give back; counted after Slurm took it, so a crash leaves the count too low (safe).
         self.store.jobs.add_time_limit(leader.job_id, add_min)
         return f"; time limit {leader.time_limit_min} -> {new} min (+{add_min}min)"
+
+
+    # --- moldable start ----------------------------------------------------------------------------------------
+    def mold(self, m: Mold, snap: ClusterSnapshot, decision_id: int | None, ctx: CycleContext) -> str:
+        """Reshape a waiting job to ``NumNodes=<size>-<request>`` with its time limit scaled (policy/moldable.py).
+
+        Journaled intent -> in progress -> outcome under the key ``mold:<job id>`` (a job is molded once); the
+        update sets absolute values, so :meth:`resolve_mold` may simply repeat it after a crash."""
+        job = snap.job(m.candidate.job_id)
+        if job is None or not job.is_pending:
+            return "job no longer pending"
+        add_min = -(-m.time_limit_add_s // 60)
+        limit = None if add_min <= 0 or job.time_limit_min is None else job.time_limit_min + add_min
+        gpus = m.nodes * m.candidate.gpus_per_node
+        action_id = self.store.journal.record_intent(
+            job_id=job.job_id, kind=ActionKind.MOLD, idempotency_key=mold_key(job.job_id), decision_id=decision_id,
+            cycle_id=ctx.cycle_id, nodes=m.nodes, gpus=gpus, fencing=ctx.token,
+            params={"from": m.candidate.request_nodes, "to": m.nodes, "reason": str(m.reason),
+                    "time_limit_min": limit, "time_limit_was_min": job.time_limit_min,
+                    "time_limit_add_min": add_min if limit is not None else 0})
+        self.fault("mold:after-intent")
+        self.store.journal.mark_in_progress(action_id, fencing=ctx.token)
+        return self._do_mold(self.store.journal.get(action_id), job)
+
+    def _do_mold(self, action: ActionRecord, job: Job) -> str:
+        p = action.params
+        limit = p.get("time_limit_min")
+        try:
+            self.slurm_molder().mold(job, int(p["to"]), int(p["from"]), None if limit is None else int(limit))
+        except ResizeRefusedError as e:
+            self.store.journal.abort(action.id, f"refused: {e}")
+            return f"refused: {e}"
+        except SlurmError as e:
+            self.store.journal.mark_failed(action.id, _msg(e), transient=isinstance(e, SlurmTransientError))
+            return f"mold failed: {_msg(e)}"
+        note = "" if limit is None else f", time limit {p.get('time_limit_was_min')} -> {limit} min"
+        outcome = f"NumNodes={p['to']}-{p['from']}{note}"
+        self.store.journal.mark_applied(action.id, outcome)
+        return outcome
+
+    def resolve_mold(self, action: ActionRecord, snap: ClusterSnapshot) -> str:
+        """An open mold after a crash: still pending, the update is repeated (absolute values); started smaller
+        than it asked, it was applied; otherwise (started as asked, or gone) it is aborted."""
+        job = snap.job(action.job_id)
+        if action.state == ActionState.INTENT:
+            self.store.journal.mark_in_progress(action.id)
+        if job is not None and job.is_pending:
+            return "reconciled: " + self._do_mold(action, job)
+        if job is not None and job.is_running and len(job.nodes) < int(action.params.get("from", 0)):
+            self.store.journal.mark_applied(action.id, f"reconciled: started on {len(job.nodes)} node(s)")
+            return f"reconciled: started on {len(job.nodes)} node(s)"
+        self.store.journal.abort(action.id, "reconciled: the job is no longer pending")
+        return "reconciled: aborted, the job is no longer pending"
+
+    def slurm_molder(self) -> Molder:
+        if not isinstance(self.slurm, Molder):
+            raise ResizeRefusedError("this Slurm backend cannot reshape a waiting job")
+        return self.slurm
+
+
+def mold_key(job_id: int) -> str:
+    """The journal key of a job's moldable start: one per job."""
+    return f"mold:{int(job_id)}"
 
 
 MIN_NOTICE_S = 5.0

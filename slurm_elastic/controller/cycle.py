@@ -29,6 +29,7 @@ from slurm_elastic.controller.hold_filter import HoldFilter
 from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import LossRecorder
 from slurm_elastic.controller.metrics import ControllerMetrics
+from slurm_elastic.controller.molds import Molds
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.controller.ports import AgentCollector, Clock, ControllerStore, SlurmControl
 from slurm_elastic.controller.power import ResumeFailures
@@ -107,6 +108,7 @@ class Controller:
         self.coldstart = ColdStarts(store, self.power.tracker)  # --prewarm grows: failures, phases (coldstart.py)
         self.holds = HoldFilter(cfg.hold_heartbeat_s)  # holds are stored by change (hold_filter.py)
         self.specs = SpecCache()
+        self.molds = Molds(store, self.actuator, self.specs)  # moldable start (molds.py)
         self.admits = AdmitFollower(verify_s=max(60.0, 5 * cfg.interval_s))  # did shrink-to-admit work?
         self.final_states = FinalStates()  # sacct's word on jobs that left squeue (reconcile.py)
         self.accounting = AccountingCache(slurm, cfg.accounting_refresh_s)  # sshare weights, Slurm GPU limits
@@ -218,6 +220,7 @@ class Controller:
                             cache=self.specs)
         known = self.store.jobs.list_jobs(active_only=True)  # as last observed, before this cycle updates them
         built = _with_time_limit_added(built, known)
+        built = self.molds.apply(built, known)  # a molded unit's max is its request
         units = {u.unit_id: u for u in built.units}
         before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
         self._observe_jobs(built.units, built.sources, built.not_elastic, snap, known)
@@ -270,6 +273,9 @@ class Controller:
         recorded = self.holds.record(self.store, summary.cycle_id or 0, new, now, fencing=token)
         if self.metrics is not None:
             self.metrics.holds_unchanged.inc(recorded.skipped)
+        summary.acted.update(self.molds.run(  # waiting elastic jobs that can start now on fewer nodes
+            snap, policy, decisions, read_script=self._read_script, ctx=ctx, dry_run=self.cfg.dry_run,
+            record=lambda rows: self.store.decisions.record_decisions(summary.cycle_id or 0, rows, fencing=token)))
         if self.cfg.dry_run:
             return
         for d, decision_id in zip(decisions, recorded.ids, strict=True):

@@ -55,6 +55,13 @@ def _spec_for(job: Job, read_script: Callable[[int], str | None], cache: SpecCac
     return d.spec, "script", None
 
 
+def spec_for(job: Job, read_script: Callable[[int], str | None], cache: SpecCache) -> tuple[
+        ElasticSpec | None, SpecSource | None, str | None]:
+    """A job's spec, where it came from, and why it is not elastic (None when it simply has no directives);
+    the same reading the units get (moldable start reads waiting jobs' directives with it)."""
+    return _spec_for(job, read_script, cache)
+
+
 def build_units(
     snap: ClusterSnapshot,
     *,

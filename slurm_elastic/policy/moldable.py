@@ -128,30 +128,39 @@ class _SnapshotFree:
         self.pool.take([c.pool], need_of(self.jobs[c.job_id].gres_per_node), nodes, status=Status.GRANTED)
 
 
-def decide_molds(snapshot: ClusterSnapshot, pending: Sequence[tuple[Job, ElasticSpec]], cfg: PolicyConfig, *,
-                 taken_nodes: Collection[str] = (), skip: Collection[int] = ()) -> list[Mold]:
-    """The controller's molds: ``pending`` are the waiting jobs with their elastic spec; ``taken_nodes`` the
-    free nodes this cycle's grows already take; ``skip`` jobs not to mold (molded before, or being admitted by a
-    shrink). A candidate waits on Resources or Priority (``pending_block_reasons``), is no het component, may
-    grow (``#ELASTIC --no-grow`` would leave it small), and has ``moldable_start`` on for its scope."""
+def mold_scope(snapshot: ClusterSnapshot, cfg: PolicyConfig) -> list[Job]:
+    """The waiting jobs the rule may look at, before their directives are read (that is I/O, the caller's):
+    pending on Resources or Priority (``pending_block_reasons``), no het component, more than one node, and
+    ``moldable_start`` on for its partition, account and QOS. The caller drops its own extension jobs."""
     resolver = SettingsResolver(cfg)
     blocking = cfg.pending_block_reasons - {_UNSCHEDULED}
+    return [job for job in snapshot.jobs
+            if job.is_pending and job.het_job_id is None and job.node_count > 1
+            and (job.state_reason or _UNSCHEDULED) in blocking
+            and resolver.scope(job.partition, job.account, job.qos)["moldable_start"].value]
+
+
+def decide_molds(snapshot: ClusterSnapshot, pending: Sequence[tuple[Job, ElasticSpec]], cfg: PolicyConfig, *,
+                 taken_nodes: Collection[str] = (), skip: Collection[int] = ()) -> list[Mold]:
+    """The controller's molds: ``pending`` are waiting jobs with their elastic spec (those of
+    :func:`mold_scope` count); ``taken_nodes`` the free nodes this cycle's grows (or waiting extension jobs)
+    already take; ``skip`` jobs not to mold (molded before, or being admitted by a shrink). A job whose spec
+    forbids growth (``--no-grow``) is left alone: it would stay small. Priority order, then submit time."""
+    resolver = SettingsResolver(cfg)
+    allowed = {job.job_id for job in mold_scope(snapshot, cfg)}
     jobs: dict[int, Job] = {}
     candidates: list[tuple[tuple[int, float, int], MoldCandidate]] = []
     for job, spec in pending:
-        if (not job.is_pending or job.job_id in skip or job.het_job_id is not None or not spec.grow
-                or (job.state_reason or _UNSCHEDULED) not in blocking or job.node_count <= spec.min_nodes):
+        if job.job_id not in allowed or job.job_id in skip or not spec.grow or job.node_count <= spec.min_nodes:
             continue
         scope = resolver.scope(job.partition, job.account, job.qos)
-        if not scope["moldable_start"].value:
-            continue
         extend = bool(scope["extend_time_limit_on_shrink"].value)
         cap = cast(int, scope["max_time_limit_extension_s"].value)
-        gpn = job.gpus_per_node()
+        gpn = max(1, job.gpus_per_node())
         jobs[job.job_id] = job
         c = MoldCandidate(
             job.job_id, job.display_id, job.partition, job.node_count, job.node_count, spec.min_nodes,
-            job.node_count * max(1, gpn), max(1, gpn),
+            job.node_count * gpn, gpn,
             time_limit_s=None if job.time_limit_min is None or not extend else job.time_limit_min * 60.0,
             max_extension_s=cap)
         submitted = job.submit_time.timestamp() if job.submit_time is not None else 0.0

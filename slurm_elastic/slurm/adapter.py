@@ -75,6 +75,13 @@ class PowerConfigReader(Protocol):
     def resume_timeout_s(self) -> float | None: ...
 
 
+@runtime_checkable
+class Molder(Protocol):
+    """Reshapes a waiting job to start on fewer nodes (moldable start); optional, checked at run time."""
+
+    def mold(self, job: Job, min_nodes: int, max_nodes: int, time_limit_min: int | None) -> None: ...
+
+
 class SlurmControl(SlurmReader, Protocol):
     """What the controller (cycle, actuator, reconcile) does to Slurm; :class:`SlurmCli` is the real one.
 
@@ -288,6 +295,21 @@ class SlurmCli:
         # The raw id, as for shrink: a het component is addressed by its own job id.
         self.cmd.run(["scontrol", "update", f"JobId={int(job.job_id)}", f"TimeLimit={new}"])
         return new
+
+    def mold(self, job: Job, min_nodes: int, max_nodes: int, time_limit_min: int | None) -> None:
+        """Let a PENDING job start on ``min_nodes`` up to ``max_nodes`` nodes (``NumNodes=min-max``: Slurm starts
+        it on fewer nodes once they are free, docs/slurm-facts.md) and, when given, set its time limit in the
+        same update. Absolute values, so a retried or repeated update changes nothing more."""
+        if not job.is_pending:
+            raise ResizeRefusedError(f"job {job.display_id} is {job.state}, not PENDING")
+        if not 1 <= min_nodes <= max_nodes:
+            raise ResizeRefusedError(f"job {job.display_id}: invalid node range {min_nodes}-{max_nodes}")
+        fields = [f"NumNodes={int(min_nodes)}-{int(max_nodes)}"]
+        if time_limit_min is not None:
+            if time_limit_min < 1:
+                raise ResizeRefusedError(f"job {job.display_id}: time limit must be at least 1 minute")
+            fields.append(f"TimeLimit={int(time_limit_min)}")
+        self.cmd.run(["scontrol", "update", f"JobId={int(job.job_id)}", *fields])
 
     def signal(self, job_id: int, signal: str, *, batch_only: bool = False) -> None:
         """Send ``signal`` to the job's batch shell and all its steps (``--full``) or the batch shell only."""

@@ -20,6 +20,7 @@ class ActionKind(StrEnum):
     GROW = "grow"  # sbatch of an extension job
     CANCEL_EXTENSION = "cancel_extension"  # scancel of an extension job
     SIGNAL = "signal"  # grace signal before a shrink
+    MOLD = "mold"  # scontrol update NumNodes=min-max of a waiting elastic job (moldable start)
     MIG_WORKFLOW = "mig_workflow"  # one `mig apply` on a node (job_id 0); see slurm_elastic.mig.workflow
     MIG_STEP = "mig_step"  # one step of a MIG workflow (its key is "<workflow key>:<step>")
 
