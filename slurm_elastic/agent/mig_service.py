@@ -23,7 +23,7 @@ from slurm_elastic.mig.errors import GresRenderError, LayoutError, MigDeviceErro
 from slurm_elastic.mig.gres import parse_mig_minors
 from slurm_elastic.mig.model import GpuState, NodeLayout
 from slurm_elastic.mig.nvml_check import effective_model
-from slurm_elastic.mig.validate import LayoutProblem, Reason
+from slurm_elastic.mig.validate import LayoutProblem, MigRejectReason
 from slurm_elastic.mig.wire import ApplyAnswer, GpuMigReport, NodeMigReport
 
 log = logging.getLogger("slurm_elastic.agent.mig")
@@ -146,9 +146,11 @@ class MigService:
             for index, _ in layout.gpus:
                 g = before.gpu(index)
                 if g is None:
-                    problems.append(LayoutProblem(Reason.UNKNOWN_PROFILE, f"GPU {index} does not exist on {self.node}"))
+                    problems.append(LayoutProblem(MigRejectReason.UNKNOWN_PROFILE,
+                                                  f"GPU {index} does not exist on {self.node}"))
                 elif not g.mig_capable:
-                    problems.append(LayoutProblem(Reason.UNKNOWN_PROFILE, f"GPU {index} ({g.name}) has no MIG mode"))
+                    problems.append(LayoutProblem(MigRejectReason.UNKNOWN_PROFILE,
+                                                  f"GPU {index} ({g.name}) has no MIG mode"))
             if problems:
                 raise MigApplyRefused(problems)
             result = apply_node(devices, before.models(), layout)

@@ -41,7 +41,7 @@ from slurm_elastic.mig.model import Layout, NodeLayout
 from slurm_elastic.mig.parted import node_layout_from_specs, parse_parted_config
 from slurm_elastic.mig.plan import plan_node_change
 from slurm_elastic.mig.ports import WorkflowPorts, WorkflowResult
-from slurm_elastic.mig.steps import Outcome
+from slurm_elastic.mig.steps import MigStepOutcome
 from slurm_elastic.mig.suggest import GpuNodeView, PendingRequest, SuggestResult, suggest
 from slurm_elastic.mig.validate import parse_layout
 from slurm_elastic.mig.wire import MigWireError, NodeMigReport, layout_to_obj, node_layout_from_obj
@@ -245,7 +245,7 @@ def apply_cmd(ctx: click.Context, *, node: str, layout_text: str | None, gpus: s
         except SlurmElasticError as exc:
             fail(ctx, str(exc))
     _print_result(result, as_json)
-    if result.outcome is not Outcome.APPLIED:
+    if result.outcome is not MigStepOutcome.APPLIED:
         ctx.exit(1)
 
 
@@ -268,7 +268,7 @@ def resume_cmd(ctx: click.Context, config_path: Path | None, node: str | None, r
         click.echo("no open MIG workflow")
     for r in results:
         _print_result(r, as_json)
-    if any(r.outcome is Outcome.FAILED for r in results):
+    if any(r.outcome is MigStepOutcome.FAILED for r in results):
         ctx.exit(1)
 
 

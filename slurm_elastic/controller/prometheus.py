@@ -140,7 +140,7 @@ def _job_id(text: str | None) -> int | None:
 
 
 @dataclass
-class _Job:
+class _JobGpuStats:
     gpus: int = 0
     in_use: int = 0
     mean: float | None = None
@@ -150,7 +150,7 @@ class _Job:
     memory: float = 0.0
 
 
-def _report(node: str, jobs: Mapping[int, _Job], window_s: float, now: float) -> NodeReport:
+def _report(node: str, jobs: Mapping[int, _JobGpuStats], window_s: float, now: float) -> NodeReport:
     reports = []
     for job_id, j in sorted(jobs.items()):
         assert j.last is not None
@@ -176,7 +176,7 @@ def reports_from(cfg: MetricsSourceConfig, replies: Mapping[str, list[Series]], 
         if (node := names(s.labels.get(node_label))) is not None:
             gpu_counts[node] = gpu_counts.get(node, 0) + int(s.value)
     present = set(gpu_counts)
-    found: dict[str, dict[int, _Job]] = {}
+    found: dict[str, dict[int, _JobGpuStats]] = {}
     if cfg.series == "agent":
         present |= {n for s in replies.get("nodes", ()) if (n := names(s.labels.get("node"))) is not None}
         for s in replies.get("jobs", ()):
@@ -185,7 +185,7 @@ def reports_from(cfg: MetricsSourceConfig, replies: Mapping[str, list[Series]], 
             job_id = _job_id(s.labels["exported_job"] if "exported_job" in s.labels else s.labels.get("job"))
             if node is None or job_id is None:
                 continue
-            j = found.setdefault(node, {}).setdefault(job_id, _Job())
+            j = found.setdefault(node, {}).setdefault(job_id, _JobGpuStats())
             family = s.labels.get("__name__", "").removeprefix("slurm_elastic_job_")
             if family == "gpus_allocated":
                 j.gpus = int(s.value)
@@ -210,7 +210,7 @@ def reports_from(cfg: MetricsSourceConfig, replies: Mapping[str, list[Series]], 
                 job_id = _job_id(s.labels.get(cfg.job_label))
                 if node is None or job_id is None:
                     continue
-                j = found.setdefault(node, {}).setdefault(job_id, _Job())
+                j = found.setdefault(node, {}).setdefault(job_id, _JobGpuStats())
                 setattr(j, attr, int(s.value) if attr in ("gpus", "in_use", "samples") else s.value)
     # A job without its latest-sample time is missing data (its series went stale: range queries still hold
     # their old samples): left out, never reported with made-up numbers; nor does it make its node present.

@@ -24,7 +24,7 @@ MAX_NODES = 65536
 MAX_COMMAND_BYTES = 256  # a --prewarm command (stored hex-encoded in the normalized form)
 
 
-class Kind(enum.Enum):
+class OptionKind(enum.Enum):
     """How an option's value is written and checked."""
 
     INT = "int"  # decimal digits
@@ -43,7 +43,7 @@ class OptionDef:
     option: str  # as written in a script: "--min-nodes"
     key: str  # key in the normalized form: "min"
     field: str  # ElasticSpec attribute: "min_nodes"
-    kind: Kind
+    kind: OptionKind
     default: int | str | bool | None  # None: no built-in default (see doc)
     lo: int | None  # inclusive bounds for INT, PERCENT (percent), DURATION (seconds) and MILLIS (ms)
     hi: int | None
@@ -70,43 +70,43 @@ UNCATCHABLE_SIGNALS: Mapping[str, int] = {"KILL": 9, "STOP": 19}
 HET_GROUP_OPTION = "--het-group"
 
 OPTIONS: tuple[OptionDef, ...] = (
-    OptionDef("--min-nodes", "min", "min_nodes", Kind.INT, 1, 1, MAX_NODES,
+    OptionDef("--min-nodes", "min", "min_nodes", OptionKind.INT, 1, 1, MAX_NODES,
               "fewest nodes the job is shrunk to"),
-    OptionDef("--max-nodes", "max", "max_nodes", Kind.INT, None, 1, MAX_NODES,
+    OptionDef("--max-nodes", "max", "max_nodes", OptionKind.INT, None, 1, MAX_NODES,
               "most nodes the job is grown to; must be >= --min-nodes; unset: the node count the job was "
               "submitted with"),
-    OptionDef("--step", "step", "step", Kind.INT, 1, 1, MAX_NODES,
+    OptionDef("--step", "step", "step", OptionKind.INT, 1, 1, MAX_NODES,
               "nodes added or removed by one resize"),
-    OptionDef("--scale-up-above", "up", "scale_up_above", Kind.PERCENT, 80, 1, 100,
+    OptionDef("--scale-up-above", "up", "scale_up_above", OptionKind.PERCENT, 80, 1, 100,
               "grow when GPU utilization stays above this percentage for the window; must be above "
               "--scale-down-below"),
-    OptionDef("--scale-down-below", "down", "scale_down_below", Kind.PERCENT, 40, 0, 99,
+    OptionDef("--scale-down-below", "down", "scale_down_below", OptionKind.PERCENT, 40, 0, 99,
               "shrink when GPU utilization stays below this percentage for the window"),
-    OptionDef("--window", "window", "window_s", Kind.DURATION, 600, 10, 86400,
+    OptionDef("--window", "window", "window_s", OptionKind.DURATION, 600, 10, 86400,
               "how long utilization must stay beyond a threshold before the job is resized"),
-    OptionDef("--cooldown", "cooldown", "cooldown_s", Kind.DURATION, 300, 0, 86400,
+    OptionDef("--cooldown", "cooldown", "cooldown_s", OptionKind.DURATION, 300, 0, 86400,
               "no further resize for this long after one"),
-    OptionDef("--grace", "grace", "grace_s", Kind.DURATION, 120, 0, 3600,
+    OptionDef("--grace", "grace", "grace_s", OptionKind.DURATION, 120, 0, 3600,
               "time between the warning signal and taking nodes away (for a checkpoint)"),
-    OptionDef("--signal", "signal", "signal", Kind.SIGNAL, "USR1", None, None,
+    OptionDef("--signal", "signal", "signal", OptionKind.SIGNAL, "USR1", None, None,
               "signal sent to the job before nodes are taken away"),
-    OptionDef(HET_GROUP_OPTION, "het", "het_group", Kind.INT, None, 0, MAX_HET_GROUP,
+    OptionDef(HET_GROUP_OPTION, "het", "het_group", OptionKind.INT, None, 0, MAX_HET_GROUP,
               "the options on this line apply to this component of a heterogeneous job"),
-    OptionDef("--no-grow", "grow", "grow", Kind.FLAG, True, None, None,
+    OptionDef("--no-grow", "grow", "grow", OptionKind.FLAG, True, None, None,
               "never grow the job"),
-    OptionDef("--no-shrink", "shrink", "shrink", Kind.FLAG, True, None, None,
+    OptionDef("--no-shrink", "shrink", "shrink", OptionKind.FLAG, True, None, None,
               "never shrink the job"),
-    OptionDef("--serving", "serving", "serving", Kind.FLAG, False, None, None,
+    OptionDef("--serving", "serving", "serving", OptionKind.FLAG, False, None, None,
               "the job serves requests: one replica per node, scaled on its load and latency "
               "(docs/serving.md); needs --slo-p99 and/or --target-rps-per-replica"),
-    OptionDef("--slo-p99", "slo", "slo_p99_ms", Kind.MILLIS, None, 1, 600000,
+    OptionDef("--slo-p99", "slo", "slo_p99_ms", OptionKind.MILLIS, None, 1, 600000,
               "serving objective: 99th percentile request latency the job must stay under; needs --serving"),
-    OptionDef("--target-rps-per-replica", "rps", "target_rps_per_replica", Kind.INT, None, 1, 10000000,
+    OptionDef("--target-rps-per-replica", "rps", "target_rps_per_replica", OptionKind.INT, None, 1, 10000000,
               "serving objective: requests per second one replica should carry; needs --serving"),
-    OptionDef("--prewarm", "prewarm", "prewarm", Kind.COMMAND, None, 1, MAX_COMMAND_BYTES,
+    OptionDef("--prewarm", "prewarm", "prewarm", OptionKind.COMMAND, None, 1, MAX_COMMAND_BYTES,
               "command an extension job runs on each of its new nodes before they join (stage data, load the "
               "model); quoted like a shell word, run without a shell as the job's user (docs/power-saving.md)"),
-    OptionDef("--prewarm-timeout", "prewarmtimeout", "prewarm_timeout_s", Kind.DURATION, 600, 1, 86400,
+    OptionDef("--prewarm-timeout", "prewarmtimeout", "prewarm_timeout_s", OptionKind.DURATION, 600, 1, 86400,
               "a --prewarm command still running after this long fails the grow; needs --prewarm"),
 )
 

@@ -33,8 +33,8 @@ from slurm_elastic.directives.options import (
     MAX_ERRORS,
     MAX_LINE_BYTES,
     MAX_WARNINGS,
-    Kind,
     OptionDef,
+    OptionKind,
 )
 from slurm_elastic.directives.spec import (
     DirectiveError,
@@ -242,7 +242,7 @@ def _directive(lineno: int, line: bytes, st: _State) -> None:
                 i += 1
             continue
         value: Value
-        if opt.kind is Kind.FLAG:
+        if opt.kind is OptionKind.FLAG:
             if eq:
                 st.error(lineno, opt.option, "takes no value", None)
                 continue
@@ -252,7 +252,7 @@ def _directive(lineno: int, line: bytes, st: _State) -> None:
             if not eq and _is_value(words, i):
                 raw = words[i].text
                 i += 1
-            if raw is None or (not raw and opt.kind is not Kind.COMMAND):
+            if raw is None or (not raw and opt.kind is not OptionKind.COMMAND):
                 st.error(lineno, opt.option, "missing value", allowed_text(opt))
                 if opt.option == HET_GROUP_OPTION:
                     het_bad = True

@@ -35,7 +35,7 @@ from slurm_elastic.directives.options import (
     MAX_NODES,
     SETTINGS,
     SIGNALS,
-    Kind,
+    OptionKind,
 )
 from slurm_elastic.directives.values import InvalidValue, check_command
 from slurm_elastic.errors import SlurmElasticError
@@ -170,8 +170,8 @@ class ElasticSpec:
         return out
 
 
-def _render(value: Value | None, kind: Kind | None = None) -> str:
-    if kind is Kind.COMMAND and isinstance(value, str):
+def _render(value: Value | None, kind: OptionKind | None = None) -> str:
+    if kind is OptionKind.COMMAND and isinstance(value, str):
         return value.encode("utf-8", "surrogateescape").hex().upper()
     if isinstance(value, bool):
         return "1" if value else "0"
@@ -189,17 +189,17 @@ def _spec_problems(spec: ElasticSpec) -> list[str]:
         problems.append(f"het_group {spec.het_group!r} is not in 0..{MAX_HET_GROUP}")
     for opt in SETTINGS:
         value = getattr(spec, opt.field)
-        if opt.kind is Kind.FLAG:
+        if opt.kind is OptionKind.FLAG:
             if not isinstance(value, bool):
                 problems.append(f"{opt.field} must be a bool")
             elif opt.field in spec.explicit and value == opt.default:
                 problems.append(f"{opt.field} can only be set to {not opt.default} by a directive ({opt.option})")
-        elif opt.kind is Kind.SIGNAL:
+        elif opt.kind is OptionKind.SIGNAL:
             if value not in SIGNALS:
                 problems.append(f"{opt.field} {value!r} is not one of {', '.join(SIGNALS)}")
         elif value is None and opt.default is None and opt.field not in spec.explicit:
             pass  # max_nodes: "the submitted node count"; serving objectives, prewarm: none
-        elif opt.kind is Kind.COMMAND:
+        elif opt.kind is OptionKind.COMMAND:
             if not isinstance(value, str):
                 problems.append(f"{opt.field} must be a command string, not {value!r}")
             else:
@@ -348,16 +348,16 @@ def from_normalized(text: str) -> ElasticSpec:
             raise SpecFormatError(f"bad item {token[:40]!r} in elastic spec {text[:80]!r}")
         opt, raw = BY_KEY[m.group(1)], m.group(2)
         value: Value
-        if opt.kind is Kind.FLAG:
+        if opt.kind is OptionKind.FLAG:
             if raw != _render(not opt.default):
                 raise SpecFormatError(
                     f"{opt.key}= can only be {_render(not opt.default)} in elastic spec {text[:80]!r}")
             value = not opt.default
-        elif opt.kind is Kind.SIGNAL:
+        elif opt.kind is OptionKind.SIGNAL:
             if raw not in SIGNALS:
                 raise SpecFormatError(f"unknown signal {raw!r} in elastic spec {text[:80]!r}")
             value = raw
-        elif opt.kind is Kind.COMMAND:
+        elif opt.kind is OptionKind.COMMAND:
             if not _HEX.fullmatch(raw):
                 raise SpecFormatError(f"bad command {token[:40]!r} in elastic spec {text[:80]!r}")
             command = bytes.fromhex(raw)

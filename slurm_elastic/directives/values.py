@@ -11,8 +11,8 @@ import re
 from slurm_elastic.directives.options import (
     SIGNALS,
     UNCATCHABLE_SIGNALS,
-    Kind,
     OptionDef,
+    OptionKind,
 )
 from slurm_elastic.directives.words import WordError, split_words
 from slurm_elastic.errors import SlurmElasticError
@@ -70,16 +70,16 @@ SIGNALS_TEXT = ", ".join(SIGNALS) + " as NAME, SIGNAME or number"
 
 def allowed_text(opt: OptionDef) -> str | None:
     """The 'allowed' part of a message for an option on its own (cross-option limits come on top)."""
-    if opt.kind in (Kind.INT, Kind.PERCENT):
+    if opt.kind in (OptionKind.INT, OptionKind.PERCENT):
         return f"{opt.lo}..{opt.hi}"
-    if opt.kind is Kind.DURATION:
+    if opt.kind is OptionKind.DURATION:
         assert opt.lo is not None and opt.hi is not None
         return f"{format_duration(opt.lo)}..{format_duration(opt.hi)}"
-    if opt.kind is Kind.SIGNAL:
+    if opt.kind is OptionKind.SIGNAL:
         return SIGNALS_TEXT
-    if opt.kind is Kind.MILLIS:
+    if opt.kind is OptionKind.MILLIS:
         return f"{opt.lo}ms..{opt.hi}ms as 50ms, 50 (milliseconds) or 2s"
-    if opt.kind is Kind.COMMAND:
+    if opt.kind is OptionKind.COMMAND:
         return f"a command of {opt.lo}..{opt.hi} bytes, quoted: 'python stage.py --to /tmp'"
     return None
 
@@ -205,16 +205,16 @@ def parse_command(opt: OptionDef, raw: bytes) -> str:
 
 def parse_value(opt: OptionDef, raw: bytes) -> int | str:
     """The value of ``opt`` written as ``raw``; raises InvalidValue. Not for FLAG options."""
-    if opt.kind is Kind.INT:
+    if opt.kind is OptionKind.INT:
         return parse_int(opt, raw)
-    if opt.kind is Kind.PERCENT:
+    if opt.kind is OptionKind.PERCENT:
         return parse_percent(opt, raw)
-    if opt.kind is Kind.DURATION:
+    if opt.kind is OptionKind.DURATION:
         return parse_duration(opt, raw)
-    if opt.kind is Kind.SIGNAL:
+    if opt.kind is OptionKind.SIGNAL:
         return parse_signal(opt, raw)
-    if opt.kind is Kind.MILLIS:
+    if opt.kind is OptionKind.MILLIS:
         return parse_millis(opt, raw)
-    if opt.kind is Kind.COMMAND:
+    if opt.kind is OptionKind.COMMAND:
         return parse_command(opt, raw)
     raise AssertionError(f"{opt.option} takes no value")

@@ -29,7 +29,7 @@ from slurm_elastic.mig.catalog import Catalog, load_catalog
 from slurm_elastic.mig.diff import GpuDiff, diff_gpu, diff_node
 from slurm_elastic.mig.errors import LayoutError, MigError
 from slurm_elastic.mig.model import GpuModel, GpuState, Layout, MigInstance, MigProfile, NodeLayout, Placement
-from slurm_elastic.mig.validate import LayoutProblem, Reason, check_layout, parse_layout, plan_layout
+from slurm_elastic.mig.validate import LayoutProblem, MigRejectReason, check_layout, parse_layout, plan_layout
 
 __all__ = [
     "Catalog",
@@ -42,9 +42,9 @@ __all__ = [
     "MigError",
     "MigInstance",
     "MigProfile",
+    "MigRejectReason",
     "NodeLayout",
     "Placement",
-    "Reason",
     "check_layout",
     "diff_gpu",
     "diff_node",

@@ -15,7 +15,7 @@ from itertools import combinations
 
 from slurm_elastic.mig.errors import LayoutError
 from slurm_elastic.mig.model import GpuModel, GpuState, Layout, MigInstance, NodeLayout
-from slurm_elastic.mig.validate import LayoutProblem, Reason, check_layout, plan_layout, sort_instances
+from slurm_elastic.mig.validate import LayoutProblem, MigRejectReason, check_layout, plan_layout, sort_instances
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def diff_node(
         state = by_index.get(index)
         gpu = models.get(index)
         if state is None or gpu is None:
-            problems.append(LayoutProblem(Reason.UNKNOWN_PROFILE, f"GPU {index} does not exist on this node"))
+            problems.append(LayoutProblem(MigRejectReason.UNKNOWN_PROFILE, f"GPU {index} does not exist on this node"))
             continue
         try:
             diffs.append(diff_gpu(gpu, state, layout))

@@ -33,7 +33,7 @@ import yaml
 from slurm_elastic.mig.catalog import Catalog, normalize_pci_device_id
 from slurm_elastic.mig.errors import PartedConfigError
 from slurm_elastic.mig.model import PROFILE_NAME_RE, GpuModel, Layout, NodeLayout, describe_counts
-from slurm_elastic.mig.validate import LayoutProblem, Reason, check_layout
+from slurm_elastic.mig.validate import LayoutProblem, MigRejectReason, check_layout
 
 PARTED_VERSION = "v1"
 _SPEC_FIELDS = ("device-filter", "devices", "mig-enabled", "mig-devices")
@@ -389,7 +389,7 @@ def check_config(
                             layout,
                             (
                                 LayoutProblem(
-                                    Reason.UNKNOWN_PROFILE,
+                                    MigRejectReason.UNKNOWN_PROFILE,
                                     f"no catalog GPU has all of {', '.join(sorted(names))}",
                                 ),
                             ),

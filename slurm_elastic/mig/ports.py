@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from slurm_elastic.mig.model import NodeLayout
-from slurm_elastic.mig.steps import Outcome, Record
+from slurm_elastic.mig.steps import MigStepOutcome, Record
 from slurm_elastic.mig.wire import NodeMigReport
 
 
@@ -137,6 +137,6 @@ class WorkflowPorts:
 class WorkflowResult:
     workflow_id: int
     node: str
-    outcome: Outcome
+    outcome: MigStepOutcome
     message: str
     steps: tuple[tuple[str, str, str], ...]  # (step, state, message), in journal order

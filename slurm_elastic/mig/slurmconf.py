@@ -35,7 +35,7 @@ class SlurmConfEditError(MigError):
 
 
 @dataclass(frozen=True)
-class _Record:
+class _ConfLine:
     index: int  # line number (0-based)
     tokens: tuple[str, ...]
     hosts: tuple[str, ...]
@@ -83,8 +83,8 @@ def _logical_lines(text: str) -> list[str]:
     return lines
 
 
-def _node_records(lines: Sequence[str], what: str) -> list[_Record]:
-    out: list[_Record] = []
+def _node_records(lines: Sequence[str], what: str) -> list[_ConfLine]:
+    out: list[_ConfLine] = []
     for i, line in enumerate(lines):
         stripped = line.split("#", 1)[0].strip()
         if not stripped:
@@ -96,7 +96,7 @@ def _node_records(lines: Sequence[str], what: str) -> list[_Record]:
         name = first.split("=", 1)[1]
         if name.upper() == "DEFAULT":
             continue
-        out.append(_Record(i, tokens, _expand(name, f"{what} line {i + 1}")))
+        out.append(_ConfLine(i, tokens, _expand(name, f"{what} line {i + 1}")))
     return out
 
 
@@ -109,7 +109,7 @@ def node_gres_value(slurm_conf: str, node: str) -> str | None:
     return _value(rec.tokens, "Gres")
 
 
-def _find_record(records: Sequence[_Record], node: str, what: str) -> _Record:
+def _find_record(records: Sequence[_ConfLine], node: str, what: str) -> _ConfLine:
     found = [r for r in records if node in r.hosts]
     if not found:
         raise SlurmConfEditError(f"{what}: no NodeName= record names {node}")

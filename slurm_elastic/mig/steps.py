@@ -67,7 +67,7 @@ class RecordState(StrEnum):
         return self in (RecordState.INTENT, RecordState.IN_PROGRESS)
 
 
-class Outcome(StrEnum):
+class MigStepOutcome(StrEnum):
     APPLIED = "applied"
     FAILED = "failed"
     ABORTED = "aborted"
@@ -93,7 +93,7 @@ class RunStep:
 
 @dataclass(frozen=True)
 class Finish:
-    outcome: Outcome
+    outcome: MigStepOutcome
     message: str
 
 
@@ -147,7 +147,7 @@ def next_move(steps: Mapping[Step, Record]) -> Move:
                 return RunStep(s, rerun=False)
             if r.state.is_open:
                 return RunStep(s, rerun=True)
-        return Finish(Outcome.APPLIED, "layout applied, GRES verified, node back in its previous state")
+        return Finish(MigStepOutcome.APPLIED, "layout applied, GRES verified, node back in its previous state")
     undo = undo_plan(stopped, steps)
     skip_verify = any(steps.get(u) is not None and steps[u].state is RecordState.FAILED for u in undo)
     for s in undo:
@@ -167,7 +167,8 @@ def next_move(steps: Mapping[Step, Record]) -> Move:
     return Finish(*_outcome(stopped, steps, last, r))
 
 
-def _outcome(stopped: Step, steps: Mapping[Step, Record], last: Step, last_record: Record) -> tuple[Outcome, str]:
+def _outcome(stopped: Step, steps: Mapping[Step, Record], last: Step,
+             last_record: Record) -> tuple[MigStepOutcome, str]:
     cause = steps[stopped]
     what = (f"rollback requested at {stopped}" if cause.state is RecordState.ABORTED
             else f"{stopped} failed: {cause.message}")
@@ -176,14 +177,14 @@ def _outcome(stopped: Step, steps: Mapping[Step, Record], last: Step, last_recor
     parts = [what, *failed_undo]
     if last_record.state is not RecordState.APPLIED:
         parts.append(f"{last} failed: {last_record.message}")
-        return Outcome.FAILED, "; ".join(parts)
+        return MigStepOutcome.FAILED, "; ".join(parts)
     if last is Step.RESTORE_NODE and stopped is Step.WAIT_JOBS and cause.state is RecordState.FAILED:
-        return Outcome.ABORTED, "; ".join([*parts, "node restored as it was"])
+        return MigStepOutcome.ABORTED, "; ".join([*parts, "node restored as it was"])
     if last is Step.RESTORE_NODE and cause.state is RecordState.ABORTED:
-        return Outcome.ABORTED, "; ".join([*parts, "rolled back, node restored as it was"])
+        return MigStepOutcome.ABORTED, "; ".join([*parts, "rolled back, node restored as it was"])
     if last is Step.RESTORE_NODE:
-        return Outcome.FAILED, "; ".join([*parts, "node restored as it was"])
-    return Outcome.FAILED, "; ".join([*parts, "node left drained"])
+        return MigStepOutcome.FAILED, "; ".join([*parts, "node restored as it was"])
+    return MigStepOutcome.FAILED, "; ".join([*parts, "node left drained"])
 
 
 def hold_reason(prefix: str, workflow_id: int, steps: Mapping[Step, Record]) -> str:

@@ -19,7 +19,7 @@ from slurm_elastic.mig.errors import LayoutError
 from slurm_elastic.mig.model import GpuModel, Layout, MigInstance, MigProfile, Placement, describe_counts
 
 
-class Reason(StrEnum):
+class MigRejectReason(StrEnum):
     """Stable codes for why a layout is rejected. Messages may be reworded; codes may not."""
 
     BAD_COUNT = "BAD_COUNT"
@@ -35,7 +35,7 @@ class Reason(StrEnum):
 
 @dataclass(frozen=True)
 class LayoutProblem:
-    code: Reason
+    code: MigRejectReason
     message: str
     profile: str | None = None
 
@@ -46,12 +46,12 @@ def parse_layout(raw: Mapping[str, Any], mig_enabled: bool = True) -> Layout:
     counts: dict[str, int] = {}
     for name, count in raw.items():
         if not isinstance(name, str) or not name:
-            problems.append(LayoutProblem(Reason.BAD_COUNT, f"profile names must be strings, got {name!r}"))
+            problems.append(LayoutProblem(MigRejectReason.BAD_COUNT, f"profile names must be strings, got {name!r}"))
             continue
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             problems.append(
                 LayoutProblem(
-                    Reason.BAD_COUNT, f"count for {name} must be a whole number >= 0, got {count!r}", name
+                    MigRejectReason.BAD_COUNT, f"count for {name} must be a whole number >= 0, got {count!r}", name
                 )
             )
             continue
@@ -102,7 +102,7 @@ def sort_instances(
         if not profile.allows(inst.placement):
             problems.append(
                 LayoutProblem(
-                    Reason.BAD_PLACEMENT,
+                    MigRejectReason.BAD_PLACEMENT,
                     f"{inst} is not an allowed placement of {inst.profile} on {gpu.model} "
                     f"(starts {_starts(profile)}, size {profile.memory_slices})",
                     inst.profile,
@@ -111,7 +111,7 @@ def sort_instances(
             continue
         clash = next((t for t in taken if t.placement.overlaps(inst.placement)), None)
         if clash is not None:
-            problems.append(LayoutProblem(Reason.OVERLAP, f"{inst} overlaps {clash}", inst.profile))
+            problems.append(LayoutProblem(MigRejectReason.OVERLAP, f"{inst} overlaps {clash}", inst.profile))
             continue
         taken.append(inst)
     return tuple(taken), tuple(problems)
@@ -170,7 +170,7 @@ def _check(
         if layout.counts:
             problems.append(
                 LayoutProblem(
-                    Reason.MIG_DISABLED_WITH_INSTANCES,
+                    MigRejectReason.MIG_DISABLED_WITH_INSTANCES,
                     f"MIG is disabled but {describe_counts(layout.counts)} requested on {gpu.model}",
                 )
             )
@@ -178,7 +178,7 @@ def _check(
 
     for name, n in layout.counts:
         if n < 0:
-            problems.append(LayoutProblem(Reason.BAD_COUNT, f"count for {name} must be >= 0, got {n}", name))
+            problems.append(LayoutProblem(MigRejectReason.BAD_COUNT, f"count for {name} must be >= 0, got {n}", name))
     unknown = [name for name, _ in layout.counts if gpu.profile(name) is None]
     problems.extend(_unknown(gpu, name) for name in unknown)
     if problems:
@@ -202,7 +202,7 @@ def _check(
         what = describe_counts(everything.items(), compute_of)
         problems.append(
             LayoutProblem(
-                Reason.COMPUTE_SLICES,
+                MigRejectReason.COMPUTE_SLICES,
                 f"{what} needs {compute} compute slices; {gpu.model} has {gpu.compute_slices}",
             )
         )
@@ -211,7 +211,7 @@ def _check(
         if total > profile.max_instances:
             problems.append(
                 LayoutProblem(
-                    Reason.MAX_INSTANCES,
+                    MigRejectReason.MAX_INSTANCES,
                     f"{total} × {profile.name} exceeds the maximum of {profile.max_instances} "
                     f"instance{'s' if profile.max_instances > 1 else ''} of {profile.name} on {gpu.model}",
                     profile.name,
@@ -222,7 +222,7 @@ def _check(
         what = describe_counts(everything.items(), compute_of)
         problems.append(
             LayoutProblem(
-                Reason.MEMORY_SLICES,
+                MigRejectReason.MEMORY_SLICES,
                 f"{what} needs {memory} memory slices; {gpu.model} has {gpu.memory_slices}",
             )
         )
@@ -238,7 +238,7 @@ def _check(
         return (
             (
                 LayoutProblem(
-                    Reason.NO_PLACEMENT, f"no valid placement: {described} on {gpu.model}{where} ({hint})"
+                    MigRejectReason.NO_PLACEMENT, f"no valid placement: {described} on {gpu.model}{where} ({hint})"
                 ),
             ),
             None,
@@ -248,7 +248,7 @@ def _check(
 
 def _unknown(gpu: GpuModel, name: str) -> LayoutProblem:
     return LayoutProblem(
-        Reason.UNKNOWN_PROFILE,
+        MigRejectReason.UNKNOWN_PROFILE,
         f"unknown profile {name} for {gpu.model} (known: {', '.join(gpu.profile_names())})",
         name,
     )

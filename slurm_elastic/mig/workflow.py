@@ -24,7 +24,7 @@ from slurm_elastic.mig.ports import WorkflowPorts, WorkflowResult, WorkflowSetti
 from slurm_elastic.mig.slurmconf import set_node_gres, set_node_gres_lines
 from slurm_elastic.mig.steps import (
     Finish,
-    Outcome,
+    MigStepOutcome,
     Record,
     RecordState,
     RunStep,
@@ -144,9 +144,9 @@ class MigWorkflow:
 
     def _finish(self, wf: Record, move: Finish) -> Record:
         self.p.say(f"workflow #{wf.id}: {move.outcome}: {move.message}")
-        if move.outcome is Outcome.APPLIED:
+        if move.outcome is MigStepOutcome.APPLIED:
             return self.p.journal.finish(wf.id, move.message)
-        if move.outcome is Outcome.ABORTED:
+        if move.outcome is MigStepOutcome.ABORTED:
             return self.p.journal.abort(wf.id, move.message)
         return self.p.journal.fail(wf.id, move.message)
 
@@ -326,10 +326,10 @@ class MigWorkflow:
         wf = self.p.journal.get(workflow_id)
         steps = self._steps(wf)
         ordered = sorted(steps.items(), key=lambda kv: kv[1].id)
-        outcome = {RecordState.APPLIED: Outcome.APPLIED, RecordState.ABORTED: Outcome.ABORTED}.get(
-            wf.state, Outcome.FAILED)
+        outcome = {RecordState.APPLIED: MigStepOutcome.APPLIED, RecordState.ABORTED: MigStepOutcome.ABORTED}.get(
+            wf.state, MigStepOutcome.FAILED)
         if wf.state.is_open:
-            outcome = Outcome.FAILED
+            outcome = MigStepOutcome.FAILED
         return WorkflowResult(
             workflow_id=wf.id, node=str(wf.params.get("node")), outcome=outcome,
             message=wf.message or ("open" if wf.state.is_open else ""),

@@ -11,23 +11,23 @@ from __future__ import annotations
 
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import (
-    ClusterSnapshot,
     ElasticPolicy,
     JobView,
     NodeView,
     ResizeOutcome,
     ResizeRequest,
+    SimClusterState,
 )
 from slurm_elastic.sim.engine import JobRecord, SimResult, Simulation, UsageInterval
 
 __all__ = [
-    "ClusterSnapshot",
     "ElasticPolicy",
     "JobRecord",
     "JobView",
     "NodeView",
     "ResizeOutcome",
     "ResizeRequest",
+    "SimClusterState",
     "SimConfig",
     "SimResult",
     "Simulation",

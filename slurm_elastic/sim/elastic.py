@@ -1,6 +1,6 @@
 """The hook through which an elastic policy resizes running jobs in the simulator.
 
-Every scheduling cycle the engine builds a :class:`ClusterSnapshot` and calls ``policy(snapshot, now)``, which
+Every scheduling cycle the engine builds a :class:`SimClusterState` and calls ``policy(snapshot, now)``, which
 returns :class:`ResizeRequest` objects. The engine, not the policy, enforces the rules of a real cluster:
 
 * resizes are whole-node: a grow adds nodes whose GPUs are all free, a shrink releases all of the job's GPUs
@@ -64,7 +64,7 @@ class NodeView:
 
 
 @dataclass(frozen=True)
-class ClusterSnapshot:
+class SimClusterState:
     """The whole simulated cluster at ``now``. Jobs are in priority order (pending jobs in queue order)."""
 
     now: float
@@ -106,4 +106,4 @@ class ResizeOutcome:
 class ElasticPolicy(Protocol):
     """``policy(snapshot, now) -> requests``. Pure: the same snapshot and time give the same requests."""
 
-    def __call__(self, snapshot: ClusterSnapshot, now: float) -> Sequence[ResizeRequest]: ...
+    def __call__(self, snapshot: SimClusterState, now: float) -> Sequence[ResizeRequest]: ...

@@ -33,12 +33,12 @@ from slurm_elastic.policy.moldable import CountedFree, MoldCandidate, plan_molds
 from slurm_elastic.sim.cluster import Allocation, Cluster
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import (
-    ClusterSnapshot,
     ElasticPolicy,
     JobView,
     NodeView,
     ResizeOutcome,
     ResizeRequest,
+    SimClusterState,
 )
 from slurm_elastic.sim.errors import PerfModelError, SimulationError, WorkloadError
 from slurm_elastic.sim.perfmodel.adaptive import AdaptiveBatchJobPerf
@@ -407,7 +407,7 @@ class Simulation:
 
     # ----------------------------------------------------------------- elastic hook
 
-    def _snapshot(self) -> ClusterSnapshot:
+    def _snapshot(self) -> SimClusterState:
         holders: list[list[str]] = [[] for _ in range(self.cluster.num_nodes)]
         views: list[JobView] = []
         for job in sorted(self._running.values(), key=lambda j: j.index):
@@ -472,7 +472,7 @@ class Simulation:
             )
         g = self.cluster.gpus_per_node
         nodes = tuple(NodeView(i, g, self.cluster.free[i], tuple(holders[i])) for i in range(self.cluster.num_nodes))
-        return ClusterSnapshot(
+        return SimClusterState(
             now=self.now,
             gpus_per_node=g,
             total_gpus=self.cluster.total_gpus,

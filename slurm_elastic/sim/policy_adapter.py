@@ -1,6 +1,6 @@
 """The bridge from the simulator's elastic hook to the production policy, ``slurm_elastic.policy.decide``.
 
-Every scheduling cycle the engine hands over its :class:`~slurm_elastic.sim.elastic.ClusterSnapshot`; this
+Every scheduling cycle the engine hands over its :class:`~slurm_elastic.sim.elastic.SimClusterState`; this
 module turns it into exactly what the controller builds on a real cluster (a Slurm
 :class:`~slurm_elastic.slurm.model.ClusterSnapshot`, :class:`~slurm_elastic.policy.ElasticUnit` values with
 extension jobs, :class:`~slurm_elastic.policy.JobUtilization` aggregated over each unit's window, the resize
@@ -81,7 +81,7 @@ from slurm_elastic.policy import (
 from slurm_elastic.policy.inputs import PolicyInputBuilder, Sample, UnitMeasure
 from slurm_elastic.policy.model import ActionInProgress
 from slurm_elastic.sim.config import SimConfig
-from slurm_elastic.sim.elastic import ClusterSnapshot, JobView, ResizeRequest
+from slurm_elastic.sim.elastic import JobView, ResizeRequest, SimClusterState
 from slurm_elastic.sim.errors import SimulationError
 from slurm_elastic.slurm.model import ClusterSnapshot as SlurmSnapshot
 from slurm_elastic.slurm.model import GresCount, Job, Node, Partition
@@ -245,7 +245,7 @@ class ProductionPolicy:
 
     # ------------------------------------------------------------------ the hook
 
-    def __call__(self, snapshot: ClusterSnapshot, now: float) -> Sequence[ResizeRequest]:
+    def __call__(self, snapshot: SimClusterState, now: float) -> Sequence[ResizeRequest]:
         if self._last_now is not None and now <= self._last_now:
             raise SimulationError("a ProductionPolicy serves one run; make a new one (make_policy) per run")
         self._last_now = now
@@ -431,7 +431,7 @@ class ProductionPolicy:
                 restart_s=self.sim.resize_cost if state.restarted else None, adaptive=view.adaptive)
         return units, samples, measures, jobs
 
-    def _slurm_nodes(self, snapshot: ClusterSnapshot) -> tuple[Node, ...]:
+    def _slurm_nodes(self, snapshot: SimClusterState) -> tuple[Node, ...]:
         out: list[Node] = []
         for view in snapshot.nodes:
             key = (view.index, view.total_gpus, view.total_gpus - view.free_gpus)

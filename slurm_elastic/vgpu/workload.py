@@ -36,7 +36,7 @@ from slurm_elastic.vgpu.statefile import StateFile, process_starttime
 POLL_S = 1.0
 
 
-class WorkloadError(SlurmElasticError):
+class VgpuWorkloadError(SlurmElasticError):
     """The workload cannot tell its GPUs or its state file."""
 
 
@@ -48,7 +48,7 @@ def parse_gpu_list(text: str) -> tuple[int, ...]:
             continue
         lo, sep, hi = part.partition("-")
         if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise WorkloadError(f"not a GPU index list: {text!r}")
+            raise VgpuWorkloadError(f"not a GPU index list: {text!r}")
         out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
     return tuple(dict.fromkeys(out))
 
@@ -60,7 +60,7 @@ def allocated_gpus(env: Mapping[str, str], explicit: str | None = None) -> tuple
         value = env.get(var, "").strip()
         if value and value != "NoDevFiles":
             return parse_gpu_list(value)
-    raise WorkloadError("no GPUs: SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES are unset (use --gpus)")
+    raise VgpuWorkloadError("no GPUs: SLURM_JOB_GPUS and CUDA_VISIBLE_DEVICES are unset (use --gpus)")
 
 
 def node_name(env: Mapping[str, str]) -> str:
@@ -74,7 +74,7 @@ def state_path(env: Mapping[str, str], node: str, explicit: str | None = None) -
         return Path(env[STATE_ENV])
     if env.get(STATE_DIR_ENV):
         return Path(env[STATE_DIR_ENV]) / f"{node}.state"
-    raise WorkloadError(f"no state file: set --state, ${STATE_ENV} or ${STATE_DIR_ENV}")
+    raise VgpuWorkloadError(f"no state file: set --state, ${STATE_ENV} or ${STATE_DIR_ENV}")
 
 
 def read_util_file(path: Path | None, current: int) -> int:
@@ -139,8 +139,8 @@ def run(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None)
         node = node_name(environ)
         statefile = StateFile(state_path(environ, node, args.state))
         if not statefile.path.exists():
-            raise WorkloadError(f"state file {statefile.path} does not exist (no virtual GPUs on {node})")
-    except WorkloadError as exc:
+            raise VgpuWorkloadError(f"state file {statefile.path} does not exist (no virtual GPUs on {node})")
+    except VgpuWorkloadError as exc:
         print(f"workload: error: {exc}", file=sys.stderr)
         return 1
 

@@ -271,26 +271,27 @@ def test_directives_package_is_pure() -> None:
 
 
 def test_docs_option_table_matches_the_code() -> None:
-    from slurm_elastic.directives.options import Kind
+    from slurm_elastic.directives.options import OptionKind
     from slurm_elastic.directives.values import allowed_text
 
-    value = {Kind.INT: " N", Kind.PERCENT: " PCT", Kind.DURATION: " DURATION", Kind.SIGNAL: " SIG", Kind.FLAG: "",
-             Kind.MILLIS: " LATENCY", Kind.COMMAND: " 'CMD'"}
+    value = {OptionKind.INT: " N", OptionKind.PERCENT: " PCT", OptionKind.DURATION: " DURATION",
+             OptionKind.SIGNAL: " SIG", OptionKind.FLAG: "", OptionKind.MILLIS: " LATENCY",
+             OptionKind.COMMAND: " 'CMD'"}
     unset = {"--max-nodes": "node count at submit", "--het-group": "whole job", "--slo-p99": "none",
              "--target-rps-per-replica": "none", "--prewarm": "none"}
     doc = (Path(__file__).resolve().parents[2] / "docs" / "directives.md").read_text(encoding="utf-8")
     for o in OPTIONS:
         if o.default is None:
             default = unset[o.option]
-        elif o.kind is Kind.DURATION:
+        elif o.kind is OptionKind.DURATION:
             assert isinstance(o.default, int)
             default = format_duration(o.default)
-        elif o.kind is Kind.FLAG:
+        elif o.kind is OptionKind.FLAG:
             default = "off"
-        elif o.kind is Kind.PERCENT:
+        elif o.kind is OptionKind.PERCENT:
             default = f"{o.default}%"
         else:
             default = str(o.default)
-        allowed = "see Signals" if o.kind is Kind.SIGNAL else (allowed_text(o) or "—")
+        allowed = "see Signals" if o.kind is OptionKind.SIGNAL else (allowed_text(o) or "—")
         row = f"| `{o.option}{value[o.kind]}` | `{o.key}` | {default} | {allowed} | {o.doc} |"
         assert row in doc, row

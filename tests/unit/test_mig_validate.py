@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from slurm_elastic.mig.catalog import load_catalog
 from slurm_elastic.mig.errors import LayoutError
 from slurm_elastic.mig.model import GpuModel, Layout, MigInstance, MigProfile, Placement
-from slurm_elastic.mig.validate import Reason, check_instances, check_layout, parse_layout, plan_layout
+from slurm_elastic.mig.validate import MigRejectReason, check_instances, check_layout, parse_layout, plan_layout
 
 CATALOG = load_catalog()
 EVERY_PROFILE = [(g.model, p.name) for g in CATALOG.gpus for p in g.profiles]
@@ -23,7 +23,7 @@ def messages(model: str, counts: dict[str, int]) -> list[str]:
     return [p.message for p in check_layout(gpu(model), Layout.of(counts))]
 
 
-def codes(model: str, counts: dict[str, int]) -> list[Reason]:
+def codes(model: str, counts: dict[str, int]) -> list[MigRejectReason]:
     return [p.code for p in check_layout(gpu(model), Layout.of(counts))]
 
 
@@ -48,7 +48,7 @@ def test_each_profile_one_over_its_maximum_is_invalid(model: str, profile: str) 
     assert p is not None
     n = p.max_instances + 1
     problems = check_layout(gpu(model), Layout.of({profile: n}))
-    max_problem = [x for x in problems if x.code is Reason.MAX_INSTANCES]
+    max_problem = [x for x in problems if x.code is MigRejectReason.MAX_INSTANCES]
     plural = "s" if p.max_instances > 1 else ""
     assert [x.message for x in max_problem] == [
         f"{n} × {profile} exceeds the maximum of {p.max_instances} instance{plural} of {profile} on {model}"
@@ -73,7 +73,7 @@ def test_unknown_profile_lists_the_known_ones() -> None:
 
 
 def test_a100_profile_name_on_h100_is_unknown() -> None:
-    assert codes("H100-80GB", {"3g.20gb": 1}) == [Reason.UNKNOWN_PROFILE]
+    assert codes("H100-80GB", {"3g.20gb": 1}) == [MigRejectReason.UNKNOWN_PROFILE]
 
 
 def test_mixed_layout_over_compute_lists_largest_first() -> None:
@@ -146,7 +146,7 @@ def test_kept_instances_can_make_a_valid_layout_unplaceable() -> None:
     kept = [MigInstance("1g.10gb", Placement(0, 1)), MigInstance("1g.10gb", Placement(4, 1))]
     with pytest.raises(LayoutError) as err:
         plan_layout(gpu("H100-80GB"), Layout.of({"4g.40gb": 1}), occupied=kept)
-    assert [p.code for p in err.value.problems] == [Reason.NO_PLACEMENT]
+    assert [p.code for p in err.value.problems] == [MigRejectReason.NO_PLACEMENT]
     assert str(err.value) == (
         "no valid placement: 4g.40gb on H100-80GB next to the kept 1g.10gb@0:1, 1g.10gb@4:1 "
         "(4g.40gb starts at 0)"
@@ -169,7 +169,7 @@ def test_placement_search_backtracks_on_a_toy_gpu() -> None:
             MigProfile("1g.2gb", 1, 2, 2, (0, 2)),
         ),
     )
-    assert [p.code for p in check_layout(toy, Layout.of({"1g.1gb": 1, "2g.2gb": 1}))] == [Reason.NO_PLACEMENT]
+    assert [p.code for p in check_layout(toy, Layout.of({"1g.1gb": 1, "2g.2gb": 1}))] == [MigRejectReason.NO_PLACEMENT]
     # The search must move the first 1g.2gb off slice 0 to fit the 2g.2gb.
     assert [str(i) for i in plan_layout(toy, Layout.of({"2g.2gb": 1, "1g.2gb": 1}))] == [
         "2g.2gb@0:2",
@@ -186,7 +186,7 @@ def test_plan_is_deterministic_whatever_the_order_of_the_request() -> None:
 def test_parse_layout_rejects_bad_counts() -> None:
     with pytest.raises(LayoutError) as err:
         parse_layout({"3g.40gb": -1, "1g.10gb": "2", "2g.20gb": True})
-    assert [p.code for p in err.value.problems] == [Reason.BAD_COUNT] * 3
+    assert [p.code for p in err.value.problems] == [MigRejectReason.BAD_COUNT] * 3
     assert str(err.value).startswith("count for 3g.40gb must be a whole number >= 0, got -1")
     assert parse_layout({"3g.40gb": 2, "1g.10gb": 0}) == Layout.of({"3g.40gb": 2})
 
@@ -201,7 +201,8 @@ def test_check_instances_flags_bad_placements_and_overlaps() -> None:
             MigInstance("2g.15gb", Placement(6, 2)),
         ],
     )
-    assert [p.code for p in problems] == [Reason.OVERLAP, Reason.BAD_PLACEMENT, Reason.UNKNOWN_PROFILE]
+    assert [p.code for p in problems] == [MigRejectReason.OVERLAP, MigRejectReason.BAD_PLACEMENT,
+                                          MigRejectReason.UNKNOWN_PROFILE]
     assert problems[0].message == "1g.10gb@2:1 overlaps 3g.40gb@0:4"
 
 

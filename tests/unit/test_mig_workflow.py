@@ -17,7 +17,7 @@ from slurm_elastic.mig.slurmconf import node_gres_lines, node_gres_value
 from slurm_elastic.mig.steps import (
     FORWARD,
     Finish,
-    Outcome,
+    MigStepOutcome,
     Record,
     RecordState,
     RunStep,
@@ -90,12 +90,12 @@ DONE_TO_WRITE = {"drain": A, "wait_jobs": A, "apply_layout": A, "write_gres": A}
     ({"drain": A}, RunStep(Step.WAIT_JOBS, False)),
     ({"drain": A, "wait_jobs": P}, RunStep(Step.WAIT_JOBS, True)),
     ({"drain": A, "wait_jobs": A, "apply_layout": N}, RunStep(Step.APPLY_LAYOUT, True)),
-    ({s.value: A for s in FORWARD}, Finish(Outcome.APPLIED, "")),
+    ({s.value: A for s in FORWARD}, Finish(MigStepOutcome.APPLIED, "")),
     # a timeout while waiting: the node goes back as it was, the workflow is aborted
     ({"drain": A, "wait_jobs": F}, RunStep(Step.RESTORE_NODE, False)),
-    ({"drain": A, "wait_jobs": F, "restore_node": A}, Finish(Outcome.ABORTED, "")),
+    ({"drain": A, "wait_jobs": F, "restore_node": A}, Finish(MigStepOutcome.ABORTED, "")),
     ({"drain": F}, RunStep(Step.RESTORE_NODE, False)),
-    ({"drain": F, "restore_node": A}, Finish(Outcome.FAILED, "")),
+    ({"drain": F, "restore_node": A}, Finish(MigStepOutcome.FAILED, "")),
     # a failure after the apply: undo everything, then hold the node drained
     ({"drain": A, "wait_jobs": A, "apply_layout": F}, RunStep(Step.ROLLBACK_LAYOUT, False)),
     ({"drain": A, "wait_jobs": A, "apply_layout": F, "rollback_layout": A}, RunStep(Step.ROLLBACK_VERIFY, False)),
@@ -135,7 +135,7 @@ def test_the_hold_reason_names_the_failed_step_and_a_failed_undo() -> None:
 def test_finish_messages_say_what_happened() -> None:
     move = next_move(steps(**DONE_TO_WRITE, restart_slurm=F, rollback_layout=A, rollback_gres=A, rollback_restart=A,
                            rollback_verify=A, hold_drained=A))
-    assert isinstance(move, Finish) and move.outcome is Outcome.FAILED
+    assert isinstance(move, Finish) and move.outcome is MigStepOutcome.FAILED
     assert move.message == "restart_slurm failed: restart_slurm says no; node left drained"
 
 
@@ -144,7 +144,7 @@ def test_finish_messages_say_what_happened() -> None:
 
 def test_apply_runs_every_step_in_order(rig: Rig) -> None:
     result = rig.workflow().start(NODE, TARGET)
-    assert result.outcome is Outcome.APPLIED, result
+    assert result.outcome is MigStepOutcome.APPLIED, result
     assert [s for s, _, _ in result.steps] == [s.value for s in FORWARD]
     assert all(state == "applied" for _, state, _ in result.steps)
     assert_applied(rig)
@@ -160,7 +160,7 @@ def test_applying_the_same_layout_again_changes_no_gpu(rig: Rig) -> None:
     rig.workflow().start(NODE, TARGET)
     calls = [len(d.calls) for d in rig.agent.devices]
     result = rig.workflow().start(NODE, TARGET)
-    assert result.outcome is Outcome.APPLIED
+    assert result.outcome is MigStepOutcome.APPLIED
     assert [len(d.calls) for d in rig.agent.devices] == calls
     assert dict((s, m) for s, _, m in result.steps)["apply_layout"] == "the GPUs already had the layout"
     assert_applied(rig)
@@ -179,14 +179,14 @@ def test_the_node_waits_for_its_jobs_then_applies(rig: Rig) -> None:
 
     rig.clock.sleep = sleep  # type: ignore[method-assign]
     result = rig.workflow(fault).start(NODE, TARGET)
-    assert result.outcome is Outcome.APPLIED
+    assert result.outcome is MigStepOutcome.APPLIED
     assert_applied(rig)
 
 
 def test_jobs_that_do_not_end_abort_and_restore_the_node(rig: Rig) -> None:
     rig.slurm.jobs = [JobOnNode(42, "alice", "RUNNING")]
     result = rig.workflow().start(NODE, TARGET)
-    assert result.outcome is Outcome.ABORTED
+    assert result.outcome is MigStepOutcome.ABORTED
     assert "jobs 42 still on n4 after the 60 s wait timeout" in result.message
     assert not rig.slurm.drained
     assert_original(rig)
@@ -195,7 +195,7 @@ def test_jobs_that_do_not_end_abort_and_restore_the_node(rig: Rig) -> None:
 
 def test_a_node_that_was_drained_stays_drained_with_its_reason(rig: Rig) -> None:
     rig.slurm.flags, rig.slurm.reason = ("DRAIN",), "bad fan"
-    assert rig.workflow().start(NODE, TARGET).outcome is Outcome.APPLIED
+    assert rig.workflow().start(NODE, TARGET).outcome is MigStepOutcome.APPLIED
     assert rig.slurm.drained and rig.slurm.reason == "bad fan"
 
 
@@ -218,7 +218,7 @@ def test_a_crash_at_any_point_then_restart_completes_the_workflow(rig: Rig, poin
         if point not in ("before:drain", "during:resume"):  # resumed only after verify
             assert rig.slurm.drained, "never in service half-way"
     (result,) = rig.workflow().resume_open()
-    assert result.outcome is Outcome.APPLIED, result
+    assert result.outcome is MigStepOutcome.APPLIED, result
     assert_applied(rig)
 
 
@@ -228,10 +228,10 @@ def test_a_crash_then_operator_rollback_restores_everything(rig: Rig, point: str
         rig.workflow(crash_at(point)).start(NODE, TARGET)
     results = rig.workflow().resume_open(rollback=True)
     if point == "after:resume":  # the workflow had finished: nothing left to roll back
-        assert results[0].outcome is Outcome.APPLIED
+        assert results[0].outcome is MigStepOutcome.APPLIED
         return
     (result,) = results
-    assert result.outcome is Outcome.ABORTED, result
+    assert result.outcome is MigStepOutcome.ABORTED, result
     assert "rolled back" in result.message or "restored" in result.message
     assert_original(rig)
     assert not rig.slurm.drained
@@ -240,7 +240,7 @@ def test_a_crash_then_operator_rollback_restores_everything(rig: Rig, point: str
 @pytest.mark.parametrize("step", [Step.APPLY_LAYOUT, Step.WRITE_GRES, Step.RESTART_SLURM, Step.VERIFY])
 def test_a_failed_step_rolls_back_and_leaves_the_node_drained_naming_it(rig: Rig, step: Step) -> None:
     result = rig.workflow(fail_at(step.value)).start(NODE, TARGET)
-    assert result.outcome is Outcome.FAILED
+    assert result.outcome is MigStepOutcome.FAILED
     assert_original(rig)
     assert rig.slurm.drained
     assert rig.slurm.reason is not None and f"#1: {step} failed: injected failure at {step}" in rig.slurm.reason
@@ -250,14 +250,14 @@ def test_a_failed_step_rolls_back_and_leaves_the_node_drained_naming_it(rig: Rig
 def test_a_failed_drain_puts_the_node_back(rig: Rig) -> None:
     rig.slurm.refuse = {"drain"}
     result = rig.workflow().start(NODE, TARGET)
-    assert result.outcome is Outcome.FAILED and "drain failed" in result.message
+    assert result.outcome is MigStepOutcome.FAILED and "drain failed" in result.message
     assert rig.layout() == {0: "off", 1: "off"} and not rig.slurm.drained
 
 
 def test_a_failed_resume_keeps_the_new_layout_and_the_node_drained(rig: Rig) -> None:
     rig.slurm.refuse = {"resume"}
     result = rig.workflow().start(NODE, TARGET)
-    assert result.outcome is Outcome.FAILED
+    assert result.outcome is MigStepOutcome.FAILED
     assert rig.layout() == {0: {"3g.20gb": 2}, 1: {"1g.5gb": 7}} and rig.slurm.gres == AFTER_GRES
     assert rig.slurm.drained and "resume failed" in (rig.slurm.reason or "")
 
@@ -265,7 +265,7 @@ def test_a_failed_resume_keeps_the_new_layout_and_the_node_drained(rig: Rig) -> 
 def test_verification_fails_when_slurm_keeps_the_old_gres(rig: Rig) -> None:
     rig.daemons.restart_slurmctld = lambda: rig.daemons.calls.append("restart (no effect)")  # type: ignore[method-assign]
     result = rig.workflow().start(NODE, TARGET)
-    assert result.outcome is Outcome.FAILED
+    assert result.outcome is MigStepOutcome.FAILED
     verify = dict((s, m) for s, _, m in result.steps)["verify"]
     assert "Slurm shows Gres=gpu:2,mps:200 for n4, expected gpu:3g.20gb:2,gpu:1g.5gb:7" in verify
     assert rig.slurm.drained and "verify failed" in (rig.slurm.reason or "")
@@ -281,7 +281,7 @@ def test_a_crash_during_the_rollback_is_finished_by_the_restart(rig: Rig) -> Non
     with pytest.raises(Crash):
         rig.workflow(hook).start(NODE, TARGET)
     (result,) = rig.workflow().resume_open()
-    assert result.outcome is Outcome.FAILED
+    assert result.outcome is MigStepOutcome.FAILED
     assert_original(rig)
     assert rig.slurm.drained and "verify failed" in (rig.slurm.reason or "")
 
@@ -289,7 +289,7 @@ def test_a_crash_during_the_rollback_is_finished_by_the_restart(rig: Rig) -> Non
 def test_a_failed_agent_apply_is_undone(rig: Rig) -> None:
     rig.agent.fail_apply = 1
     result = rig.workflow().start(NODE, TARGET)
-    assert result.outcome is Outcome.FAILED and "apply failed (test)" in result.message
+    assert result.outcome is MigStepOutcome.FAILED and "apply failed (test)" in result.message
     assert rig.slurm.drained and rig.layout() == {0: "off", 1: "off"}
     assert rig.files.writes == []
 
@@ -299,7 +299,7 @@ def test_the_next_apply_finishes_an_open_workflow_first(rig: Rig) -> None:
         rig.workflow(crash_at("after:apply_layout")).start(NODE, TARGET)
     other = NodeLayout.of({0: Layout.disabled(), 1: Layout.disabled()})
     result = rig.workflow().start(NODE, other)
-    assert result.outcome is Outcome.APPLIED
+    assert result.outcome is MigStepOutcome.APPLIED
     assert [r.state.value for r in rig.journal.workflows()] == ["applied", "applied"]
     assert rig.layout() == {0: "off", 1: "off"}
     assert node_gres_value(rig.files.files[SETTINGS.slurm_conf], NODE) == "gpu:a100:2,mps:200"
@@ -311,7 +311,7 @@ def test_a_file_changed_behind_the_workflows_back_is_not_overwritten(rig: Rig) -
             rig.files.files[SETTINGS.gres_conf] += "# someone else\n"
 
     result = rig.workflow(hook).start(NODE, TARGET)
-    assert result.outcome is Outcome.FAILED
+    assert result.outcome is MigStepOutcome.FAILED
     assert "changed since the workflow read it" in result.message
     assert rig.slurm.drained
 
@@ -334,7 +334,7 @@ def test_journal_records_survive_a_new_store_object(tmp_path: object) -> None:
 
         r1.journal = MigStoreJournal(store2.journal)
         (result,) = r1.workflow().resume_open()
-        assert result.outcome is Outcome.APPLIED
+        assert result.outcome is MigStepOutcome.APPLIED
         assert_applied(r1)
     finally:
         store2.close()
@@ -353,4 +353,4 @@ def test_a_node_held_by_another_live_process_is_refused_before_anything_is_journ
     with lock.hold(NODE), pytest.raises(WorkflowBusyError):
         wf.start(NODE, TARGET)
     assert rig.store.journal.list_actions() == [] and rig.slurm.calls == []
-    assert wf.start(NODE, TARGET).outcome is Outcome.APPLIED
+    assert wf.start(NODE, TARGET).outcome is MigStepOutcome.APPLIED

@@ -9,7 +9,7 @@ import pytest
 
 from slurm_elastic.sim.cluster import Cluster
 from slurm_elastic.sim.config import SimConfig
-from slurm_elastic.sim.elastic import ClusterSnapshot, ResizeRequest
+from slurm_elastic.sim.elastic import ResizeRequest, SimClusterState
 from slurm_elastic.sim.engine import SimResult, Simulation, UsageInterval
 from slurm_elastic.sim.errors import WorkloadError
 from slurm_elastic.sim.invariants import check_invariants
@@ -85,9 +85,9 @@ class ScriptedPolicy:
 
     def __init__(self, script: dict[float, list[ResizeRequest]]) -> None:
         self.script = script
-        self.snapshots: list[ClusterSnapshot] = []
+        self.snapshots: list[SimClusterState] = []
 
-    def __call__(self, snapshot: ClusterSnapshot, now: float) -> Sequence[ResizeRequest]:
+    def __call__(self, snapshot: SimClusterState, now: float) -> Sequence[ResizeRequest]:
         self.snapshots.append(snapshot)
         return self.script.get(now, [])
 

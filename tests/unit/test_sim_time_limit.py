@@ -12,7 +12,7 @@ import pytest
 import slurm_elastic.sim.policy_adapter as adapter
 from slurm_elastic.policy import Action, Decision, PolicyConfig, PolicyInput, decide, parse_config
 from slurm_elastic.sim.config import SimConfig
-from slurm_elastic.sim.elastic import ClusterSnapshot, ResizeRequest
+from slurm_elastic.sim.elastic import ResizeRequest, SimClusterState
 from slurm_elastic.sim.engine import Simulation
 from slurm_elastic.sim.invariants import check_invariants
 
@@ -52,7 +52,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, extra: str, grows: list[Decision] | No
     policy = adapter.ProductionPolicy(parse_config(_SCENARIO + extra), config)
     limits: dict[float, float] = {}
 
-    def watching(snapshot: ClusterSnapshot, now: float) -> list[ResizeRequest]:
+    def watching(snapshot: SimClusterState, now: float) -> list[ResizeRequest]:
         for view in snapshot.jobs:
             if view.job_id == "A" and view.state == "RUNNING" and view.time_limit is not None:
                 limits[now] = view.time_limit

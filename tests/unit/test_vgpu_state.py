@@ -27,7 +27,7 @@ from slurm_elastic.vgpu.state import (
     with_process,
 )
 from slurm_elastic.vgpu.statefile import StateFile, process_starttime
-from slurm_elastic.vgpu.workload import WorkloadError, allocated_gpus, parse_gpu_list, state_path
+from slurm_elastic.vgpu.workload import VgpuWorkloadError, allocated_gpus, parse_gpu_list, state_path
 from tests.unit import vgpu_support
 
 
@@ -174,9 +174,9 @@ def test_gpu_lists() -> None:
     assert parse_gpu_list("0,2-3") == (0, 2, 3)
     assert allocated_gpus({"SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1"}) == (2, 3)
     assert allocated_gpus({"CUDA_VISIBLE_DEVICES": "1"}) == (1,)
-    with pytest.raises(WorkloadError):
+    with pytest.raises(VgpuWorkloadError):
         allocated_gpus({})
-    with pytest.raises(WorkloadError):
+    with pytest.raises(VgpuWorkloadError):
         parse_gpu_list("GPU-abc")
 
 
@@ -184,7 +184,7 @@ def test_state_path_resolution() -> None:
     assert state_path({"SLURM_ELASTIC_VGPU_DIR": "/d"}, "n3") == Path("/d/n3.state")
     both = {"SLURM_ELASTIC_VGPU_STATE": "/x.state", "SLURM_ELASTIC_VGPU_DIR": "/d"}
     assert state_path(both, "n3") == Path("/x.state")
-    with pytest.raises(WorkloadError):
+    with pytest.raises(VgpuWorkloadError):
         state_path({}, "n3")
 
 
