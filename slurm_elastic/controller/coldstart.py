@@ -65,7 +65,7 @@ def parse_events(data: bytes, *, now: float) -> tuple[list[Event], int]:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class PrewarmOutcome:
     """What became of one extension job's prewarm (pure result of :func:`outcome`)."""
 
     kind: str  # "failed" | "joined" | "waiting"
@@ -77,19 +77,19 @@ class Outcome:
 
 
 def outcome(rec: ExtensionRecord, events: Iterable[Event], resumed: Mapping[str, tuple[datetime, float]]
-            ) -> Outcome:
+            ) -> PrewarmOutcome:
     """The prewarm outcome of extension ``rec`` from the file's events and the nodes' measured resumes. Pure."""
     mine = [e for e in events if e.job == rec.job_id]
     for e in mine:
         if e.event == "failed":
-            return Outcome("failed", failed_node=e.node, error=e.error or "failed", rc=e.rc)
+            return PrewarmOutcome("failed", failed_node=e.node, error=e.error or "failed", rc=e.rc)
     by_event: dict[str, dict[str, float]] = {}
     for e in mine:
         by_event.setdefault(e.event, {})[e.node] = max(e.time, by_event.get(e.event, {}).get(e.node, e.time))
     need = max(1, rec.node_count)
     joined = by_event.get("joined", {})
     if len(joined) < need or len(by_event.get("launch", {})) < need or len(by_event.get("ready", {})) < need:
-        return Outcome("waiting")
+        return PrewarmOutcome("waiting")
     t0 = rec.created_at.timestamp()
     nodes = [n for n in (rec.nodelist or "").split(",") if n] or list(joined)
     resume = max((took for n in nodes if (up := resumed.get(n)) is not None
@@ -99,14 +99,14 @@ def outcome(rec: ExtensionRecord, events: Iterable[Event], resumed: Mapping[str,
     t3 = max(t2, *by_event["ready"].values())
     t4 = max(t3, *joined.values())
     phases = {"resume": resume, "start": t2 - t1, "prewarm": t3 - t2, "join": t4 - t3}
-    return Outcome("joined", phases={k: round(v, 1) for k, v in phases.items()}, joined_at=t4)
+    return PrewarmOutcome("joined", phases={k: round(v, 1) for k, v in phases.items()}, joined_at=t4)
 
 
 def restart_cost(phases: Mapping[str, float]) -> float:
     return round(sum(phases.get(p, 0.0) for p in ("start", "prewarm", "join")), 1)
 
 
-def failed_decision(unit: ElasticUnit, rec: ExtensionRecord, o: Outcome, timeout_s: int) -> NewDecision:
+def failed_decision(unit: ElasticUnit, rec: ExtensionRecord, o: PrewarmOutcome, timeout_s: int) -> NewDecision:
     size = unit.current_nodes
     return NewDecision(
         job_id=unit.unit_id, action=str(Action.HOLD), reason=str(Reason.PREWARM_FAILED),
@@ -119,7 +119,7 @@ def failed_decision(unit: ElasticUnit, rec: ExtensionRecord, o: Outcome, timeout
         current_nodes=size, target_nodes=size)
 
 
-def cold_start_decision(unit: ElasticUnit, rec: ExtensionRecord, o: Outcome) -> NewDecision:
+def cold_start_decision(unit: ElasticUnit, rec: ExtensionRecord, o: PrewarmOutcome) -> NewDecision:
     size = unit.current_nodes
     cost = restart_cost(o.phases)
     text = ", ".join(f"{p} {o.phases[p]:.1f}s" for p in PHASES)
