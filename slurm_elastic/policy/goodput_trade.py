@@ -9,8 +9,9 @@ The same model ``speedup_growth`` grows by (policy/speedup.py), read one node do
   ``u * n / (n - 1) + (1 - u) * (n - 1) / n`` of what it takes now (below about 50% utilization it is faster).
 
 The **loss** of giving one node back is the seconds its remaining run (its time limit left) gets longer, plus
-one restart: ``(remaining - restart) * (slowdown - 1) + restart``. Without a time limit it is unknown, and such
-a unit ranks after every known one, by its slowdown.
+one restart: ``(remaining - restart) * (slowdown - 1) + restart``. Without a time limit, or with less than a
+restart left of it, it is unknown: such a unit ranks after every known one, by its slowdown, and gives no node
+to a move.
 
 ``victim_by_goodput``: shrink-to-admit and reserve-reclaim victims go least loss first (only lower-priority
 units are ever victims to admit). ``goodput_moves``: a speedup grow refused for want of free nodes may take a
@@ -54,11 +55,12 @@ def model_slowdown(util_pct: float, nodes: int) -> float:
 
 
 def loss_s(slowdown: float, remaining_s: float | None, restart_s: float) -> float | None:
-    """Seconds the remaining run gets longer on one node fewer, plus one restart (None: no time limit)."""
-    if remaining_s is None:
+    """Seconds the remaining run gets longer on one node fewer, plus one restart. None without a time limit, or
+    when less than a restart is left of it: the job still runs, so the limit no longer says how long (measured:
+    counting such a job's loss as one restart strips it node by node at its end)."""
+    if remaining_s is None or remaining_s <= restart_s:
         return None
-    left = max(0.0, remaining_s - restart_s)
-    return left * (slowdown - 1.0) + restart_s
+    return (remaining_s - restart_s) * (slowdown - 1.0) + restart_s
 
 
 def node_value(w: UnitWork, s: UnitSettings, ctx: Context) -> NodeValue | None:

@@ -188,6 +188,7 @@ class Walk:
     holders_memo: dict[frozenset[str], frozenset[int]] = field(default_factory=dict)  # partitions -> holders
     live_victims: dict[str, _Live[UnitWork]] = field(default_factory=dict)  # victims with surplus left
     live_freeing: dict[str, _Live[tuple[str, UnitWork]]] = field(default_factory=dict)  # not claimed yet
+    waiting_parts: set[str] = field(default_factory=set)  # partitions with a pending job waiting for nodes
 
     def __post_init__(self) -> None:
         snap = self.inp.snapshot
@@ -292,6 +293,7 @@ class Walk:
         for job in self.inp.snapshot.jobs:
             if job.is_pending and job.job_id not in ext_ids and (job.state_reason or "None") in block:
                 events.append(((-job.priority, 0, job.job_id), job))
+                self.waiting_parts.update(p for p in job.partition.split(",") if p)
         # speedup_growth: those grows go by their saving among themselves, all after the pending jobs of priority
         # >= the lowest of them, so that they share only nodes no such pending job can use (the spare nodes)
         by_gain = [w for w in self.works if w.action is Action.GROW and w.gain_s is not None and not w.tail_regrow]
@@ -320,8 +322,12 @@ class Walk:
             plan_moves(self.works, self._move_fits)
 
     def _move_fits(self, name: str, donor: UnitWork, receiver: UnitWork) -> bool:
-        """goodput_moves: would node ``name`` of ``donor`` fit ``receiver`` (its partition, GRES) once freed?"""
-        return self._helps(name, donor, {receiver.unit.job.partition}, receiver.need)
+        """goodput_moves: would node ``name`` of ``donor`` fit ``receiver`` (its partition, GRES) once freed, with
+        no job waiting in that partition (it would take the node first: shrink-to-admit decides those)?"""
+        part = receiver.unit.job.partition
+        if part in self.waiting_parts:
+            return False
+        return self._helps(name, donor, {part}, receiver.need)
 
     # --- reserve reclaim ----------------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ def test_loss_is_the_added_time_plus_a_restart() -> None:
     assert loss_s(1.5, 3660, 60) == pytest.approx(3600 * 0.5 + 60)
     assert loss_s(0.9, 3660, 60) == pytest.approx(-3600 * 0.1 + 60)  # a node that slows the job down
     assert loss_s(1.5, None, 60) is None
+    assert loss_s(1.5, 60, 60) is None  # its time limit is spent: how long it still runs is unknown
 
 
 def _three(limit_a: int, limit_b: int) -> tuple[list[Any], list[Any]]:
@@ -135,3 +136,22 @@ def test_one_move_per_unit_per_cycle() -> None:
 def test_holds_are_not_rewritten_each_cycle_for_the_loss() -> None:
     assert "last_node_loss_s" in VOLATILE_INPUTS  # shrinks with the time left every cycle
     assert "last_node_slowdown" in BANDED_INPUTS
+
+
+def test_no_move_while_a_job_waits_in_the_partition() -> None:
+    # the freed node would go to the waiting job first (shrink-to-admit decides that trade); low priority, so it
+    # does not reserve anything the grower could use either
+    r = unit(job(100, nodes=("n1",), time_limit_min=600))
+    d = unit(job(200, nodes=("n2", "n3", "n4"), time_limit_min=600))
+    inp = make_input([r, d], nodes(4, busy=["n1", "n2", "n3", "n4"]), utils=[util(100, 95), util(200, 45)],
+                     pending_jobs=[pending(900, count=2, priority=1)])
+    ds = {x.unit_id: x for x in decide(inp, cfg(speedup_growth=True, goodput_moves=True), NOW)}
+    assert ds[200].action is Action.HOLD and "GOODPUT_MOVE" not in ds[100].message
+
+
+def test_no_move_from_a_unit_past_its_time_limit() -> None:
+    r = unit(job(100, nodes=("n1",), time_limit_min=600))
+    d = unit(job(200, nodes=("n2", "n3", "n4"), time_limit_min=60))  # started 1 h ago: nothing left
+    inp = make_input([r, d], nodes(4, busy=["n1", "n2", "n3", "n4"]), utils=[util(100, 95), util(200, 45)])
+    ds = {x.unit_id: x for x in decide(inp, cfg(speedup_growth=True, goodput_moves=True), NOW)}
+    assert ds[200].action is Action.HOLD and ds[200].inputs["last_node_loss_s"] is None
