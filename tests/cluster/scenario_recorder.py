@@ -1,0 +1,124 @@
+"""Record controller scenarios (tests/unit/slurm_replay.py) on the live 22.05 test cluster.
+
+Not part of any test run: ``scripts/record-slurm-scenarios [NAME...]`` runs this under the cluster-tests lock.
+For each scenario it submits the scenario's jobs, runs the real controller over the real SlurmCli with a runner
+that writes down every command and its reply, then cancels the jobs and saves the recording.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from slurm_elastic.slurm.runner import CommandResult, RetryPolicy, SlurmCommands, subprocess_runner
+from tests.cluster.harness import TestCluster
+from tests.unit.slurm_replay import (
+    RELEASE,
+    SCENARIO_DIR,
+    SCENARIOS,
+    SCRIPT,
+    Recording,
+    Scenario,
+    build_world,
+)
+from tests.unit.test_controller_cycle import Agents
+
+PLAIN = "#!/bin/bash\nwhile :; do sleep 5 & wait $!; done\n"
+
+
+class RecordingRunner:
+    """The production runner, with every call and its reply appended to ``commands`` in order."""
+
+    def __init__(self) -> None:
+        self.commands: list[dict[str, Any]] = []
+
+    def __call__(self, argv: Sequence[str], *, timeout: float, input_text: str | None,
+                 env: Mapping[str, str] | None) -> CommandResult:
+        result = subprocess_runner(argv, timeout=timeout, input_text=input_text, env=env)
+        self.commands.append({"argv": list(argv), "stdin": input_text, "rc": result.returncode,
+                              "stdout": result.stdout, "stderr": result.stderr})
+        return result
+
+
+def _wait_state(cluster: TestCluster, job_id: int, state: str, timeout: float = 60) -> None:
+    cluster.wait_state(job_id, {state}, timeout=timeout)
+
+
+def record(cluster: TestCluster, scenario: Scenario) -> Recording:
+    if cluster.jobs():
+        raise SystemExit(f"record: the cluster has jobs ({[j.job_id for j in cluster.jobs()]}); "
+                         "a recording wants it empty")
+    cluster.wait_nodes_idle()
+    jobs: dict[str, int] = {}
+    nodes: dict[str, list[str]] = {}
+    try:
+        for spec in scenario.jobs:
+            jobs[spec.name] = cluster.submit(SCRIPT if spec.elastic else PLAIN, f"-N{spec.nodes}",
+                                             "--gres=gpu:4", "--time=30", f"--job-name=scenario-{spec.name}",
+                                             user=spec.user)
+            if spec.priority is not None:
+                cluster.run(["scontrol", "update", f"JobId={jobs[spec.name]}", f"Priority={spec.priority}"],
+                            check=True)
+            _wait_state(cluster, jobs[spec.name], "PENDING" if spec.pending else "RUNNING")
+            job = cluster.job(jobs[spec.name])
+            nodes[spec.name] = list(job.nodes) if job is not None else []
+        start = datetime.now(tz=UTC).replace(microsecond=0)
+        recorder = RecordingRunner()
+        commands = SlurmCommands(env=cluster.env, runner=recorder, retry=RetryPolicy())
+        ext_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "SLURM_CONF": cluster.env["SLURM_CONF"]}
+        from tests.unit.storehelpers import FakeClock
+
+        clock = FakeClock(start)
+        leader = scenario.jobs[0].name
+
+        def wait(name: str, state: str) -> None:
+            if name not in jobs:  # the extension job the controller submitted for the leader
+                (ext,) = world.ctl.store.jobs.extensions(jobs[leader])
+                jobs[name] = ext.job_id
+            _wait_state(cluster, jobs[name], state)
+
+        world, store = build_world(scenario, commands, clock, Agents(clock), jobs, nodes, ext_env, wait)
+        scenario.script(world)
+        return Recording(name=scenario.name, release=RELEASE,
+                         recorded_at=datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%MZ"), clock_start=start,
+                         extension_env=ext_env, jobs=dict(jobs), nodes=nodes, commands=recorder.commands)
+    finally:
+        cluster.cancel(*jobs.values())
+        for spec in scenario.jobs:  # extensions the controller submitted are alice's or bob's
+            cluster.run(["scancel", "-u", spec.user, "--name", f"elastic-ext-{jobs.get(spec.name, 0)}"])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("names", nargs="*", help=f"scenarios (default: all): {', '.join(SCENARIOS)}")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.names if n not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}")
+    cluster = TestCluster()
+    if not cluster.is_up():
+        print("record: the 22.05 test cluster is not up (docker-slurm/cluster.sh status)", file=sys.stderr)
+        return 2
+    failed = []
+    for name in args.names or list(SCENARIOS):
+        t0 = time.monotonic()
+        try:
+            rec = record(cluster, SCENARIOS[name])
+        except Exception as e:  # noqa: BLE001 - say which scenario failed, record the others
+            print(f"record: {name} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+            failed.append(name)
+            continue
+        path = SCENARIO_DIR / f"{name}.json"
+        rec.save(path)
+        print(f"record: {name}: {len(rec.commands)} commands -> {path} ({time.monotonic() - t0:.0f}s)",
+              file=sys.stderr)
+        cluster.wait_nodes_idle()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""Controller scenarios on Slurm replies recorded from the live test cluster (not a test module).
+
+A scenario is a short script of controller calls (cycles, a reconcile) with the jobs it needs. Recording
+(``scripts/record-slurm-scenarios``, tests/cluster/scenario_recorder.py) submits those jobs to the live 22.05
+cluster and runs the real :class:`Controller` over the real :class:`SlurmCli`, with a runner that writes every
+Slurm command the controller spawns and its reply (argv, stdin, rc, stdout, stderr, in order) to
+``tests/fixtures/slurm/<release>/scenarios/<name>.json``. Unit tests play the same script with
+:class:`ReplayRunner` under the same :class:`SlurmCli`: it serves the recorded replies in order and fails the
+test on any command the recording does not have at that point (the adapter changed: the recording is stale).
+
+Only GPUs are simulated, as in the cluster tests: utilization comes from an in-process agents stand-in, the
+clock is a fake one that both runs advance by the same steps, so the controller decides the same way twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from slurm_elastic.controller.config import ControllerConfig
+from slurm_elastic.controller.cycle import Controller
+from slurm_elastic.controller.metrics import ControllerMetrics
+from slurm_elastic.controller.ports import AgentCollector
+from slurm_elastic.policy import parse_config
+from slurm_elastic.slurm.adapter import SlurmCli
+from slurm_elastic.slurm.runner import CommandResult, CommandRunner, RetryPolicy, SlurmCommands
+from slurm_elastic.store import SqlStore
+from tests.unit.storehelpers import FakeClock, memory_store
+
+REPO = Path(__file__).resolve().parents[2]
+RELEASE = "22.05"
+SCENARIO_DIR = REPO / "tests" / "fixtures" / "slurm" / RELEASE / "scenarios"
+RERECORD = ("re-record with: flock /tmp/slurm-elastic-cluster-tests.lock scripts/record-slurm-scenarios {name} "
+            "(needs the live 22.05 test cluster; docs/testing.md)")
+STEP_S = 2.0  # the fake clock's step per cycle, = the controller's interval_s
+# The leader's batch script: directives for the controller, a shell that survives the grace signal (USR1 kills
+# bash by default) and sleeps until the scenario cancels it.
+SCRIPT = """#!/bin/bash
+#ELASTIC --min-nodes 1 --max-nodes 3
+trap 'echo "grace $(date +%s)"' USR1 USR2
+while :; do sleep 5 & wait $!; done
+"""
+POLICY_TEXT = """
+version = 1
+window_s = 10
+cooldown_s = 20
+grace_s = 5
+min_samples = 3
+max_metric_age_s = 30
+startup_protection_s = 0
+min_remaining_for_grow_s = 0
+"""
+ADMIT_POLICY_TEXT = """
+version = 1
+window_s = 10
+cooldown_s = 10
+grace_s = 4
+min_samples = 3
+max_metric_age_s = 30
+startup_protection_s = 0
+min_remaining_for_grow_s = 0
+shrink_to_admit = true
+admit_backoff_s = 120
+"""
+
+
+class UtilAgents(Protocol):
+    """The agents stand-in of the unit tests (tests/unit/test_controller_cycle.py: Agents)."""
+
+    util: dict[tuple[str, int], float]
+    silent: set[str]
+
+    def __call__(self, agents: Mapping[str, str]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job the recording submits: ``name`` is how the scenario refers to it (its id differs per recording)."""
+
+    name: str
+    nodes: int
+    user: str = "alice"
+    util: float | None = None  # the GPUs' utilization on each of its nodes (None: no agent reports it)
+    priority: int | None = None  # set by root after submission (scontrol update Priority=)
+    elastic: bool = True  # the #ELASTIC script; else a plain sleep
+    pending: bool = False  # submitted when it cannot start; the recording waits for PENDING, not RUNNING
+
+
+@dataclass
+class World:
+    """What a scenario's script drives, the same in recording and replay."""
+
+    ctl: Controller
+    clock: FakeClock
+    agents: UtilAgents
+    jobs: dict[str, int]  # scenario name -> Slurm job id
+    nodes: dict[str, list[str]]  # scenario name -> the nodes it runs on (at the start)
+    wait: Callable[[str, str], None]  # (job name, state): in recording, wait until Slurm shows it; no-op in replay
+    check: Callable[[], None] = lambda: None  # after each controller call (replay: stale recording?)
+
+    def cycles(self, n: int) -> None:
+        for _ in range(n):
+            self.ctl.run_cycle()
+            self.check()
+            self.clock.advance(STEP_S)
+
+    def reconcile(self) -> None:
+        self.ctl.reconcile()
+        self.check()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    doc: str
+    jobs: tuple[JobSpec, ...]
+    script: Callable[[World], None]
+    policy_text: str = POLICY_TEXT
+    dry_run: bool = False
+    silent_nodes: tuple[int, ...] = ()  # indexes into the first job's nodes whose agent never answers
+
+
+def _shrink(w: World) -> None:
+    w.cycles(10)  # window filled, shrink decided and signalled on cycle 7, grace (5 s) over, shrunk
+
+
+def _grow(w: World) -> None:
+    w.cycles(8)  # window filled, grow decided: the extension job is submitted
+    w.wait("ext", "RUNNING")  # Slurm starts it on the free node
+    w.cycles(3)
+
+
+def _admit(w: World) -> None:
+    w.cycles(10)  # grace, then the shrink 3 -> 2 for the pending job
+    w.wait("pending", "RUNNING")  # Slurm starts it on the freed node and the free one
+    w.cycles(10)
+
+
+def _watch(w: World) -> None:
+    w.cycles(10)
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario("shrink_with_grace", "an idle 3-node job: the grace signal, then a shrink to 2 after grace_s",
+             (JobSpec("idle", 3, util=5.0),), _shrink),
+    Scenario("grow_by_extension", "a busy 1-node job grows by an extension job on a free node, which starts",
+             (JobSpec("busy", 1, util=95.0),), _grow),
+    Scenario("admit_by_shrink", "a 3-node job in band; a higher-priority 2-node job pends on Resources: the "
+             "3-node job shrinks to 2 and Slurm starts the pending job",
+             (JobSpec("running", 3, util=60.0, priority=100),
+              JobSpec("pending", 2, user="bob", elastic=False, priority=100000, pending=True)),
+             _admit, policy_text=ADMIT_POLICY_TEXT),
+    Scenario("dry_run_idle", "an idle 2-node job under --dry-run: shrinks decided, no Slurm write",
+             (JobSpec("idle", 2, util=5.0),), _watch, dry_run=True),
+    Scenario("silent_agent", "an idle 2-node job whose second node's agent never answers: no samples, no action",
+             (JobSpec("idle", 2, util=5.0),), _watch, silent_nodes=(1,)),
+)}
+
+
+# --- the recording file ---------------------------------------------------------------------------------------
+@dataclass
+class Recording:
+    """One scenario as recorded: the jobs' ids and nodes, the clock's start, the commands in order."""
+
+    name: str
+    release: str
+    recorded_at: str
+    clock_start: datetime
+    extension_env: dict[str, str]
+    jobs: dict[str, int]
+    nodes: dict[str, list[str]]
+    commands: list[dict[str, Any]] = field(default_factory=list)  # argv, stdin, rc, stdout, stderr
+
+    def save(self, path: Path) -> None:
+        """Replies are stored once each (a scenario reads the same squeue reply many times)."""
+        replies: list[list[Any]] = []
+        index: dict[tuple[int, str, str], int] = {}
+        steps = []
+        for c in self.commands:
+            key = (c["rc"], c["stdout"], c["stderr"])
+            if key not in index:
+                index[key] = len(replies)
+                replies.append(list(key))
+            steps.append({"argv": c["argv"], "stdin": c["stdin"], "reply": index[key]})
+        doc = {"scenario": self.name, "release": self.release, "recorded_at": self.recorded_at,
+               "clock_start": self.clock_start.isoformat(), "extension_env": self.extension_env,
+               "jobs": self.jobs, "nodes": self.nodes, "steps": steps, "replies": replies}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> Recording:
+        doc = json.loads(path.read_text())
+        replies = doc["replies"]
+        commands = [{"argv": s["argv"], "stdin": s["stdin"], "rc": replies[s["reply"]][0],
+                     "stdout": replies[s["reply"]][1], "stderr": replies[s["reply"]][2]} for s in doc["steps"]]
+        return cls(name=doc["scenario"], release=doc["release"], recorded_at=doc["recorded_at"],
+                   clock_start=datetime.fromisoformat(doc["clock_start"]), extension_env=doc["extension_env"],
+                   jobs=doc["jobs"], nodes=doc["nodes"], commands=commands)
+
+
+def command_key(argv: Sequence[str]) -> list[str]:
+    """What must match between a recorded and a replayed command: the argv, the program by its name only
+    (``runuser`` is resolved to an absolute path)."""
+    return [os.path.basename(argv[0]), *argv[1:]] if argv else []
+
+
+class StaleRecordingError(AssertionError):
+    pass
+
+
+class ReplayRunner:
+    """A :class:`CommandRunner` that serves a recording's replies in order; any other command fails the test."""
+
+    def __init__(self, rec: Recording) -> None:
+        self.rec = rec
+        self.pos = 0
+        self.error: StaleRecordingError | None = None
+        self.calls: list[list[str]] = []  # the commands served, as :func:`command_key` gives them
+
+    def __call__(self, argv: Sequence[str], *, timeout: float, input_text: str | None,
+                 env: Mapping[str, str] | None) -> CommandResult:
+        got = command_key(argv)
+        if self.error is None:
+            if self.pos >= len(self.rec.commands):
+                self._stale(f"the controller ran {got} after the recording's last command")
+            else:
+                want = self.rec.commands[self.pos]
+                if command_key(want["argv"]) != got:
+                    self._stale(f"command {self.pos + 1}: the controller ran {got}, the recording has "
+                                f"{command_key(want['argv'])}")
+                elif want["stdin"] != input_text:
+                    self._stale(f"command {self.pos + 1} {got}: its stdin differs from the recording's")
+        if self.error is not None:
+            raise self.error  # the controller may catch errors: check() raises it again after each call
+        want = self.rec.commands[self.pos]
+        self.pos += 1
+        self.calls.append(got)
+        return CommandResult(tuple(argv), int(want["rc"]), want["stdout"], want["stderr"])
+
+    def _stale(self, what: str) -> None:
+        self.error = StaleRecordingError(f"recording {self.rec.name} is stale: {what}; "
+                                         + RERECORD.format(name=self.rec.name))
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def finish(self) -> None:
+        """Every recorded command was asked for (else the controller now does less than it did)."""
+        self.check()
+        if self.pos != len(self.rec.commands):
+            left = command_key(self.rec.commands[self.pos]["argv"])
+            self._stale(f"the controller stopped after {self.pos} of {len(self.rec.commands)} commands; "
+                        f"the next recorded one is {left}")
+            self.check()
+
+    def ran(self, program: str, *args: str) -> list[list[str]]:
+        """The served commands of ``program`` whose argv starts with ``args`` after the program name."""
+        return [c for c in self.calls if c[0] == program and c[1:1 + len(args)] == list(args)]
+
+
+def build_world(scenario: Scenario, commands: SlurmCommands, clock: FakeClock, agents: UtilAgents,
+                jobs: dict[str, int], nodes: dict[str, list[str]], extension_env: Mapping[str, str],
+                wait: Callable[[str, str], None]) -> tuple[World, SqlStore]:
+    """The controller as both runs build it: a memory store on the fake clock, the scenario's policy."""
+    store = memory_store(clock)
+    # A snapshot is stamped with the host's time, the cycle with the fake one: never call it stale here.
+    cfg = ControllerConfig(interval_s=STEP_S, holder="test", dry_run=scenario.dry_run, max_snapshot_age_s=86400,
+                           extension_env=dict(extension_env))
+    collector: AgentCollector = agents
+    ctl = Controller(cfg, parse_config(scenario.policy_text), slurm=SlurmCli(commands), store=store,
+                     collector=collector, clock=clock, metrics=ControllerMetrics())
+    for spec in scenario.jobs:
+        if spec.util is not None:
+            for node in nodes[spec.name]:
+                agents.util[(node, jobs[spec.name])] = spec.util
+    first = scenario.jobs[0].name
+    agents.silent.update(nodes[first][i] for i in scenario.silent_nodes)
+    return World(ctl=ctl, clock=clock, agents=agents, jobs=jobs, nodes=nodes, wait=wait), store
+
+
+@dataclass
+class Replayed:
+    world: World
+    store: SqlStore
+    runner: ReplayRunner
+    rec: Recording
+
+
+def replay(name: str, agents_factory: Callable[[FakeClock], UtilAgents]) -> Replayed:
+    """Play scenario ``name`` on its recording; fails if the controller's commands differ from it."""
+    scenario = SCENARIOS[name]
+    path = SCENARIO_DIR / f"{name}.json"
+    if not path.exists():
+        raise StaleRecordingError(f"no recording {path}; " + RERECORD.format(name=name))
+    rec = Recording.load(path)
+    runner = ReplayRunner(rec)
+    runner_: CommandRunner = runner
+    commands = SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)
+    clock = FakeClock(rec.clock_start)
+    world, store = build_world(scenario, commands, clock, agents_factory(clock), rec.jobs, rec.nodes,
+                               rec.extension_env, wait=lambda _job, _state: None)
+    world.check = runner.check
+    scenario.script(world)
+    runner.finish()
+    return Replayed(world, store, runner, rec)
