@@ -6,7 +6,10 @@ POWERING_UP and the job CONFIGURING, and starts the job once the node registered
 SuspendProgram stops the slurmd again and the node is POWERED_DOWN.
 
 a. An elastic job below its min on n5 grows onto the powered-down n6: the decision names n6 as a node Slurm
-   resumes, Slurm resumes it, the extension runs there; once the extension is gone n6 powers down again.
+   resumes, Slurm resumes it, the extension runs there; once the extension is gone n6 powers down again. The job
+   has ``#ELASTIC --prewarm``: the extension runs it on n6 before joining, the leader gets its grow notice only
+   after n6 is ready, and the controller records the grow's cold start in phases (COLD_START) as the unit's
+   restart cost.
 b. n6 never boots (listed in etc/power-fail-nodes): after ResumeTimeout the controller records RESUME_FAILED,
    the extension job is cancelled, the unit stays at one node, and n6 is not grown onto again (backoff).
 """
@@ -14,6 +17,7 @@ b. n6 never boots (listed in etc/power-fail-nodes): after ResumeTimeout the cont
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +26,9 @@ import pytest
 
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.slurm.model import Job
-from tests.cluster.agents_harness import Agents
+from tests.cluster.agents_harness import JOB_PYTHON, Agents
 from tests.cluster.controller_harness import controller_config, running_controller, wait_until
-from tests.cluster.harness import RELEASE, TestCluster
+from tests.cluster.harness import RELEASE, REPO, TestCluster
 
 # Only the 22.05 cluster (docker-slurm/cluster.sh) has the power-saved nodes n5, n6.
 pytestmark = [pytest.mark.cluster,
@@ -33,6 +37,16 @@ pytestmark = [pytest.mark.cluster,
 SCRIPT = """#!/bin/bash
 #ELASTIC --min-nodes 2 --max-nodes 2
 sleep 600
+"""
+
+# Through the launcher: the extension runs the prewarm (2 s, as if loading a model) before joining; the leader's
+# worker acknowledges the grow notice (the launcher forwards it as SIGUSR1) so the extension joins at once.
+WORKER = ("import signal, time; from slurm_elastic import resize; "
+          "signal.signal(signal.SIGUSR1, lambda *a: resize.acknowledge()); time.sleep(600)")
+PREWARM_SCRIPT = f"""#!/bin/bash
+#ELASTIC --min-nodes 2 --max-nodes 2 --prewarm '{JOB_PYTHON} -c "import time; time.sleep(2)"' --prewarm-timeout 60
+export PYTHONPATH={REPO}
+srun --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.launch exec {JOB_PYTHON} -c '{WORKER}'
 """
 
 
@@ -76,9 +90,9 @@ def _fail_boot(cluster: TestCluster, node: str) -> Iterator[None]:
         wait_until(f"{node} powered down again", lambda: _powered_down(cluster, node), 60)
 
 
-def _leader_on_n5(cluster: TestCluster) -> int:
+def _leader_on_n5(cluster: TestCluster, script: str = SCRIPT) -> int:
     assert _powered_down(cluster, "n5") or _node(cluster, "n5")[0].startswith("IDLE"), _node(cluster, "n5")
-    job = cluster.submit(SCRIPT, "-p", "cold", "-w", "n5", "-N1", "--gres=gpu:2", "--time=10")
+    job = cluster.submit(script, "-p", "cold", "-w", "n5", "-N1", "--gres=gpu:2", "--time=10")
     cluster.wait_state(job, {"RUNNING"}, timeout=90)  # n5 resumed first if it was off
     return job
 
@@ -88,7 +102,7 @@ def test_grow_onto_a_powered_down_node_and_it_suspends_again(agents: Agents, cle
     cluster = clean_cluster
     assert _powered_down(cluster, "n6"), _node(cluster, "n6")
     t0 = time.monotonic()
-    job = _leader_on_n5(cluster)
+    job = _leader_on_n5(cluster, PREWARM_SCRIPT)
     with running_controller(cluster, controller_config(tmp_path, agents)) as ctl:
         wait_until("a grow decision that resumes n6", lambda: any(
             d.action == "grow" and d.inputs.get("resume_nodes") == "n6" for d in ctl.decisions(job)), 60, ctl)
@@ -102,12 +116,27 @@ def test_grow_onto_a_powered_down_node_and_it_suspends_again(agents: Agents, cle
         wait_until("the extension running on the resumed n6", ext_running, 90, ctl)
         assert any("POWERING_UP" in s for s in seen), seen  # Slurm resumed it for the extension
         resumed_s = time.monotonic() - t0
+        wait_until("the grow's cold start on record", lambda: any(
+            d.reason == "COLD_START" for d in ctl.decisions(job)), 60, ctl)
+        cold = next(d for d in ctl.decisions(job) if d.reason == "COLD_START")
+        phases = {p: float(cold.inputs[f"{p}_s"]) for p in ("resume", "start", "prewarm", "join")}
+        assert phases["resume"] > 0 and phases["prewarm"] >= 2.0, phases  # n6 booted; the prewarm sleeps 2 s
+        assert cold.inputs["restart_cost_s"] == round(phases["start"] + phases["prewarm"] + phases["join"], 1)
+        assert not any(d.reason == "PREWARM_FAILED" for d in ctl.decisions(job))
+        # The leader was told only once n6 was ready: its grow notice is the extension's, written after "ready".
+        work = Path("/tmp/.slurm-elastic")
+        events = [json.loads(line) for line in (work / f"prewarm-{job}.jsonl").read_text().splitlines()]
+        ready = next(e["time"] for e in events if e["event"] == "ready" and e["node"] == "n6")
+        notice = json.loads((work / f"resize-{job}.json").read_text())
+        assert notice["id"].endswith(":prewarm") and notice["time"] >= ready, (notice, events)
+        cold_s = time.monotonic() - t0
     # The job ends (the controller is gone, so nothing regrows): n6 idles and Slurm powers it down after
     # SuspendTime (20 s) and SuspendTimeout (10 s).
     cluster.cancel_all()
     wait_until("n5 and n6 powered down again after SuspendTime",
                lambda: _powered_down(cluster, "n6") and _powered_down(cluster, "n5"), 90)
-    print(f"\nleader on n5 + grow onto n6 running after {resumed_s:.1f}s; whole test {time.monotonic() - t0:.1f}s")
+    print(f"\nleader on n5 + grow onto n6 running after {resumed_s:.1f}s, cold start recorded after {cold_s:.1f}s "
+          f"({cold.message}); whole test {time.monotonic() - t0:.1f}s")
 
 
 def test_resume_failure_keeps_the_unit_and_backs_the_node_off(agents: Agents, clean_cluster: TestCluster,
