@@ -15,9 +15,11 @@ Placement is GPU-granular: a job asking ``g`` GPUs may span nodes with partial u
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from slurm_elastic.sim.errors import SimulationError
+from slurm_elastic.sim.power import NodePower, PowerReport, PowerSaving
 
 PlacementRule = Literal["spread", "pack"]
 Allocation = tuple[tuple[int, int], ...]  # (node index, GPUs) in allocation order; the first is the batch host
@@ -26,7 +28,8 @@ Allocation = tuple[tuple[int, int], ...]  # (node index, GPUs) in allocation ord
 class Cluster:
     """Free GPUs per node. Every change is checked: a node never goes below 0 or above G free GPUs."""
 
-    def __init__(self, num_nodes: int, gpus_per_node: int) -> None:
+    def __init__(self, num_nodes: int, gpus_per_node: int, *, power: PowerSaving | None = None,
+                 clock: Callable[[], float] = lambda: 0.0) -> None:
         if num_nodes < 1 or gpus_per_node < 1:
             raise SimulationError(
                 f"a cluster needs at least 1 node and 1 GPU per node, not {num_nodes}x{gpus_per_node}"
@@ -35,6 +38,10 @@ class Cluster:
         self.gpus_per_node = gpus_per_node
         self.free = [gpus_per_node] * num_nodes
         self.free_total = num_nodes * gpus_per_node
+        # Power saving (sim/power.py): which nodes are off, and the boot the last take() had to wait for.
+        self.power = NodePower(power, num_nodes) if power is not None else None
+        self.clock = clock
+        self.boot_s = 0.0
 
     @property
     def total_gpus(self) -> int:
@@ -47,7 +54,10 @@ class Cluster:
         for node, gpus in alloc:
             if gpus < 1 or self.free[node] < gpus:
                 raise SimulationError(f"node {node} has {self.free[node]} free GPUs, cannot take {gpus}")
+        self.boot_s = 0.0
         for node, gpus in alloc:
+            if self.power is not None and self.free[node] == self.gpus_per_node:
+                self.boot_s = max(self.boot_s, self.power.used(node, self.clock()))
             self.free[node] -= gpus
             self.free_total -= gpus
 
@@ -58,6 +68,11 @@ class Cluster:
         for node, gpus in alloc:
             self.free[node] += gpus
             self.free_total += gpus
+            if self.power is not None and self.free[node] == self.gpus_per_node:
+                self.power.freed(node, self.clock())
+
+    def power_report(self, end: float) -> PowerReport | None:
+        return self.power.report(end) if self.power is not None else None
 
     def place(self, gpus: int, rule: PlacementRule) -> Allocation:
         """Pick GPUs for a job without taking them. The caller has checked that ``gpus <= free_total``."""

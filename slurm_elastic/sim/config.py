@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.sim.cluster import PlacementRule
+from slurm_elastic.sim.power import PowerSaving
 from slurm_elastic.sim.scheduler import SCHEDULERS, SchedulerKind
 
 
@@ -35,6 +36,8 @@ class SimConfig:
     # a job whose node count was reshaped to ``min-max`` while it waited (docs/slurm-facts.md); its time limit
     # grows by request / size, as a shrink's does.
     moldable_start: bool = False
+    # Slurm power saving (sim/power.py): the last nodes are off while idle and boot when a job lands on them.
+    power: PowerSaving | None = None
 
     def __post_init__(self) -> None:
         if self.num_nodes < 1 or self.gpus_per_node < 1:

@@ -43,6 +43,7 @@ from slurm_elastic.sim.elastic import (
 from slurm_elastic.sim.errors import PerfModelError, SimulationError, WorkloadError
 from slurm_elastic.sim.perfmodel.adaptive import AdaptiveBatchJobPerf
 from slurm_elastic.sim.perfmodel.base import JobPerf, Shape
+from slurm_elastic.sim.power import PowerReport
 from slurm_elastic.sim.scheduler import PendingJob, RunningJob, plan
 from slurm_elastic.sim.workload import JobSpec
 
@@ -101,6 +102,7 @@ class SimResult:
     queue_length: tuple[tuple[float, int], ...]  # (time, pending jobs) at each change
     resizes: tuple[ResizeOutcome, ...]
     unfinished: tuple[str, ...]  # job ids that never completed (must be empty)
+    power: PowerReport | None = None  # powered node-seconds and resumes, with SimConfig.power
 
 
 @dataclass
@@ -178,7 +180,7 @@ class Simulation:
         on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
         self.config = config
-        self.cluster = Cluster(config.num_nodes, config.gpus_per_node)
+        self.cluster = Cluster(config.num_nodes, config.gpus_per_node, power=config.power, clock=lambda: self.now)
         self.policy = policy
         self.on_progress = on_progress
         self.now = 0.0
@@ -317,7 +319,7 @@ class Simulation:
         job.set_alloc(alloc)
         self._earliest_end = None
         job.seg_time = self.now
-        job.seg_ready = self.now + self.config.start_delay
+        job.seg_ready = self.now + self.config.start_delay + self.cluster.boot_s  # a powered-down node boots first
         job.gpus_seen.append(job.gpus)
         job.nodes_seen.append(len(alloc))
         self._running[job.index] = job
@@ -556,7 +558,7 @@ class Simulation:
         job.set_alloc(new_alloc)
         job.seg_time = self.now
         job.seg_epoch, job.seg_progress = epoch, progress
-        job.seg_ready = self.now + self.config.resize_cost
+        job.seg_ready = self.now + self.config.resize_cost + self.cluster.boot_s
         job.resizes += 1
         job.last_resize = self.now
         job.gpus_seen.append(job.gpus)
@@ -598,4 +600,5 @@ class Simulation:
             queue_length=tuple(self._queue),
             resizes=tuple(self._outcomes),
             unfinished=tuple(unfinished),
+            power=self.cluster.power_report(self.now),
         )
