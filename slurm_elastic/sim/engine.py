@@ -600,5 +600,6 @@ class Simulation:
             queue_length=tuple(self._queue),
             resizes=tuple(self._outcomes),
             unfinished=tuple(unfinished),
-            power=self.cluster.power_report(self.now),
+            # the last job's end: the engine's clock may run on past it (a cycle armed before the queue emptied)
+            power=self.cluster.power_report(max((r.end_time for r in records), default=self.now)),
         )
