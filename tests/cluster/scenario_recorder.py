@@ -27,6 +27,7 @@ from tests.unit.slurm_replay import (
 )
 from tests.unit.test_controller_cycle import Agents
 
+ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED"}
 PLAIN = "#!/bin/bash\nwhile :; do sleep 5 & wait $!; done\n"
 
 
@@ -49,9 +50,11 @@ def _wait_state(cluster: TestCluster, job_id: int, state: str, timeout: float = 
 
 
 def record(cluster: TestCluster, scenario: Scenario) -> Recording:
-    if cluster.jobs():
-        raise SystemExit(f"record: the cluster has jobs ({[j.job_id for j in cluster.jobs()]}); "
-                         "a recording wants it empty")
+    deadline = time.monotonic() + 120  # the lock's previous holder may still be cancelling its jobs
+    while (active := [j.job_id for j in cluster.jobs() if j.state in ACTIVE]) and time.monotonic() < deadline:
+        time.sleep(1)
+    if active:
+        raise RuntimeError(f"the cluster still runs jobs {active}; a recording wants it to itself")
     cluster.wait_nodes_idle()
     jobs: dict[str, int] = {}
     nodes: dict[str, list[str]] = {}

@@ -1,5 +1,10 @@
-"""The controller's shell logic with an in-memory Slurm and a fake clock (the real thing is in
-tests/cluster/test_controller_e2e.py): journal before acting, grace before shrink, dry-run, reconcile, backoff."""
+"""The controller's shell logic with a fake clock (the real thing is in tests/cluster/test_controller_e2e.py):
+journal before acting, grace before shrink, dry-run, reconcile, backoff.
+
+Where a recording can carry the facts, the tests replay Slurm replies recorded from the live test cluster under the
+real SlurmCli (tests/unit/slurm_replay.py; a changed adapter command fails them as stale). FakeSlurm, an
+in-memory Slurm, stays for the tests whose Slurm state no recording can produce on demand (each says why); other
+controller test modules import it too."""
 
 from __future__ import annotations
 
@@ -18,9 +23,18 @@ from slurm_elastic.controller.extension import ExtensionTag
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import parse_config
+from slurm_elastic.slurm import hostlist
 from slurm_elastic.slurm.model import ClusterSnapshot, GresCount, Job, Node, Partition
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
+from tests.unit.slurm_replay import (
+    SCENARIO_DIR,
+    Recording,
+    Replayed,
+    ReplayRunner,
+    StaleRecordingError,
+    replay,
+)
 from tests.unit.storehelpers import FakeClock, memory_store
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -147,62 +161,77 @@ def run(ctl: Controller, clock: FakeClock, cycles: int, step_s: float = 2.0) -> 
         clock.advance(step_s)
 
 
-def test_busy_job_grows_through_a_journaled_extension_job(world: tuple) -> None:  # type: ignore[type-arg]
-    ctl, slurm, agents, clock, store = world
-    slurm.add_job(10, ["n1"])
-    agents.util[("n1", 10)] = 95.0
-    run(ctl, clock, 8)
-    grows = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
+def _replay(name: str) -> Replayed:
+    return replay(name, Agents)
+
+
+def _slurm_writes(runner: ReplayRunner) -> list[list[str]]:
+    return [c for c in runner.calls if c[0] in ("sbatch", "scancel", "runuser")
+            or c[:2] == ["scontrol", "update"]]
+
+
+def test_busy_job_grows_through_a_journaled_extension_job() -> None:
+    r = _replay("grow_by_extension")
+    busy = r.rec.jobs["busy"]
+    grows = [a for a in r.store.journal.list_actions(job_id=busy) if a.kind == ActionKind.GROW]
     assert len(grows) == 1 and grows[0].state == ActionState.APPLIED
-    ((kind, (user, nodes)),) = [c for c in slurm.calls if c[0] == "submit"]
-    assert user == "alice" and nodes == "n2"
-    ext = slurm.jobs[slurm.next_id]
-    assert "slurm-elastic:ext parent=10 key=" + grows[0].idempotency_key in ext.comment
-    assert store.jobs.extensions(10)[0].job_id == ext.job_id
+    (submit,) = r.runner.ran("runuser")
+    assert submit[:5] == ["runuser", "-u", "alice", "--", "sbatch"]
+    args = dict(a.split("=", 1) for a in submit if a.startswith("--") and "=" in a)
+    free = args["--nodelist"]
+    assert free not in r.rec.nodes["busy"] and grows[0].params["nodes"] == [free]
+    assert args["--comment"] == ExtensionTag(busy, grows[0].idempotency_key).render()
+    assert [e.job_id for e in r.store.jobs.extensions(busy)] == [r.rec.jobs["ext"]]
+    assert len(_slurm_writes(r.runner)) == 1  # the cycles after it: nothing more
 
 
-def test_idle_job_gets_the_signal_then_loses_nodes_after_grace(world: tuple) -> None:  # type: ignore[type-arg]
-    ctl, slurm, agents, clock, store = world
-    slurm.add_job(20, ["n1", "n2", "n3"])
-    for n in ("n1", "n2", "n3"):
-        agents.util[(n, 20)] = 5.0
-    run(ctl, clock, 7)  # window filled, shrink decided, signal sent
-    assert ("signal", (20, "USR1")) in slurm.calls
-    assert not any(c[0] == "shrink" for c in slurm.calls)
-    signalled_at = clock()
-    (action,) = store.journal.open_actions(20)
-    assert action.state == ActionState.IN_PROGRESS
-    run(ctl, clock, 3)  # grace (5 s) over
-    shrinks = [c for c in slurm.calls if c[0] == "shrink"]
-    assert shrinks == [("shrink", (20, ("n1", "n2")))]
-    assert store.journal.get(action.id).state == ActionState.APPLIED
-    assert store.journal.get(action.id).finished_at >= signalled_at
+def test_idle_job_gets_the_signal_then_loses_nodes_after_grace() -> None:
+    r = _replay("shrink_with_grace")
+    idle, nodes = r.rec.jobs["idle"], r.rec.nodes["idle"]
+    writes = _slurm_writes(r.runner)
+    assert writes[:2] == [["scancel", "--signal=USR1", "--full", str(idle)],
+                          ["scontrol", "update", f"JobId={idle}", f"NodeList={hostlist.compress(nodes[:2])}"]]
+    assert writes[2:] == [["scontrol", "update", f"JobId={idle}", "TimeLimit=45"]]  # 30 min x 3/2 nodes
+    (action,) = [a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK]
+    assert action.state == ActionState.APPLIED and (action.params["from"], action.params["to"]) == (3, 2)
+    assert action.finished_at is not None
+    assert (action.finished_at - action.created_at).total_seconds() >= 5  # grace_s
+    assert r.store.jobs.get_job(idle).current_nodes == 2  # type: ignore[union-attr]
 
 
-def test_dry_run_decides_but_never_calls_slurm(world: tuple) -> None:  # type: ignore[type-arg]
-    ctl, slurm, agents, clock, store = world
-    ctl.cfg = replace(ctl.cfg, dry_run=True)
-    slurm.add_job(30, ["n1", "n2"])
-    agents.util[("n1", 30)] = agents.util[("n2", 30)] = 5.0
-    run(ctl, clock, 10)
-    assert slurm.calls == []
-    assert store.journal.list_actions() == []
-    from slurm_elastic.store.records import DecisionFilter
-
-    shrinks = store.decisions.list_decisions(DecisionFilter(job_id=30, action="shrink"))
+def test_dry_run_decides_but_never_calls_slurm() -> None:
+    r = _replay("dry_run_idle")
+    assert _slurm_writes(r.runner) == []
+    assert r.store.journal.list_actions() == []
+    shrinks = r.store.decisions.list_decisions(DecisionFilter(job_id=r.rec.jobs["idle"], action="shrink"))
     assert shrinks and all(d.dry_run for d in shrinks)
 
 
-def test_a_silent_agent_stops_samples_and_never_causes_a_shrink(world: tuple) -> None:  # type: ignore[type-arg]
-    ctl, slurm, agents, clock, store = world
-    slurm.add_job(40, ["n1", "n2"])
-    agents.util[("n1", 40)] = agents.util[("n2", 40)] = 5.0
-    agents.silent.add("n2")
-    run(ctl, clock, 20)
-    assert slurm.calls == [] and store.journal.list_actions() == []
-    assert store.samples.samples(40) == []  # partial coverage stores nothing
+def test_a_silent_agent_stops_samples_and_never_causes_a_shrink() -> None:
+    r = _replay("silent_agent")
+    assert _slurm_writes(r.runner) == [] and r.store.journal.list_actions() == []
+    assert r.store.samples.samples(r.rec.jobs["idle"]) == []  # partial coverage stores nothing
 
 
+def test_a_replay_fails_on_a_command_its_recording_lacks() -> None:
+    """The staleness check: a command that is not the recording's next one fails, naming both and how to
+    re-record."""
+    rec = Recording.load(SCENARIO_DIR / "shrink_with_grace.json")
+    runner = ReplayRunner(rec)
+    first = rec.commands[0]
+    assert runner(first["argv"], timeout=1, input_text=first["stdin"], env=None).stdout == first["stdout"]
+    with pytest.raises(StaleRecordingError, match=r"command 2: the controller ran \['squeue', '--me'\].*"
+                                                  r"scripts/record-slurm-scenarios shrink_with_grace"):
+        runner(["squeue", "--me"], timeout=1, input_text=None, env=None)
+    with pytest.raises(StaleRecordingError):  # and stays failed, whatever the controller does with the error
+        runner.check()
+    short = ReplayRunner(rec)
+    short(first["argv"], timeout=1, input_text=first["stdin"], env=None)
+    with pytest.raises(StaleRecordingError, match=f"stopped after 1 of {len(rec.commands)} commands"):
+        short.finish()
+
+
+# FakeSlurm: a node caught mid-boot (POWERING_UP) for a whole cycle is a race on the live cluster.
 def test_nodes_slurm_switched_off_or_is_booting_are_not_asked(world: tuple) -> None:  # type: ignore[type-arg]
     ctl, slurm, agents, clock, store = world
     slurm.nodes[2] = replace(slurm.nodes[2], state_flags=("CLOUD", "POWERED_DOWN"))
@@ -223,6 +252,7 @@ def test_nodes_slurm_switched_off_or_is_booting_are_not_asked(world: tuple) -> N
     assert {a.node for a in store.agents.list_agents()} == {"n1", "n2"}
 
 
+# FakeSlurm: a crashed controller's dangling intents and a forged tag of another user need set-up state.
 def test_reconcile_resolves_dangling_grows_by_their_key(world: tuple) -> None:  # type: ignore[type-arg]
     ctl, slurm, agents, clock, store = world
     slurm.add_job(50, ["n1"])
@@ -243,6 +273,7 @@ def test_reconcile_resolves_dangling_grows_by_their_key(world: tuple) -> None:  
     assert ("cancel", 52) not in slurm.calls
 
 
+# FakeSlurm: an extension that FAILS on its own (not cancelled) at a chosen cycle.
 def test_grow_backs_off_after_extensions_die_on_their_own(world: tuple) -> None:  # type: ignore[type-arg]
     ctl, slurm, agents, clock, store = world
     slurm.add_job(60, ["n1"])
@@ -323,17 +354,16 @@ def _admits(ctl: Controller, outcome: str) -> float:
 
 
 def test_an_admitted_job_that_starts_is_followed_and_counted_once(caplog: pytest.LogCaptureFixture) -> None:
-    ctl, slurm, agents, clock, store = _admit_world()
     caplog.set_level("INFO")
-    run(ctl, clock, 10)
-    assert slurm.jobs[10].node_count == 2
-    slurm.jobs[50] = replace(slurm.jobs[50], state="RUNNING", state_reason=None, nodes=("n3", "n4"),
-                             start_time=clock())  # Slurm starts it on the freed node and the free one
-    run(ctl, clock, 10)
-    assert _admits(ctl, "started") == 1 and _admits(ctl, "not_started") == 0
-    assert "job 50 started on n3,n4" in caplog.text
+    r = _replay("admit_by_shrink")
+    running, pending = r.rec.jobs["running"], r.rec.jobs["pending"]
+    (shrink,) = [a for a in r.store.journal.list_actions(job_id=running) if a.kind == ActionKind.SHRINK]
+    assert (shrink.params["from"], shrink.params["to"], shrink.params["admits"]) == (3, 2, [pending])
+    assert _admits(r.world.ctl, "started") == 1 and _admits(r.world.ctl, "not_started") == 0
+    assert f"job {pending} started on " in caplog.text
 
 
+# FakeSlurm: Slurm backfilling another job onto the freed node instead of the admitted one is not reproducible.
 def test_shrink_to_admit_backs_off_when_slurm_does_not_start_the_admitted_job(
         caplog: pytest.LogCaptureFixture) -> None:
     """The journal remembers which pending job a shrink-to-admit was for; when Slurm starts something else (or
@@ -357,6 +387,7 @@ def test_shrink_to_admit_backs_off_when_slurm_does_not_start_the_admitted_job(
     assert slurm.jobs[10].node_count == 1
 
 
+# FakeSlurm: as above, a backfill that takes the freed node, then a holder replaced at once.
 def test_shrink_to_admit_tries_again_once_a_job_that_held_the_partition_ended() -> None:
     """The journal keeps what a shrink-to-admit was based on (the holders of the pending job's partition). A
     backfilled job taking the freed node is no change; a holder that ends is, even when another job takes its
