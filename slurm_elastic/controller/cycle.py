@@ -117,7 +117,7 @@ class Controller:
         self.serving = ServingReader(store.demand)  # serving units' load and latency (docs/serving.md)
         self._last_sample: dict[int, datetime] = {}
         self._slurm_down_since: float | None = None
-        self._db_down_since: float | None = None  # the state DB failed a cycle's lease step since then
+        self._db_down_since: float | None = None  # the state DB failed a lease step since then
         self._token: FencingToken | None = None
         self.process = this_process()  # recorded in the lease: a successor checks whether it still runs
         self.policy_version: int | None = None  # the stored policy version in force (None: file or defaults)
@@ -125,9 +125,18 @@ class Controller:
 
     # --- lease ------------------------------------------------------------------------------------------
     def _hold_lease(self) -> FencingToken | None:
-        lease = hold_lease(self.store.lease, self.cfg.holder_name, timedelta(seconds=self.cfg.lease_ttl_s),
-                           process=self.process, stale_after=timedelta(seconds=self.cfg.lease_stale_after_s),
-                           now=self.store.now)
+        """The lease step of a cycle or reconcile pass; it is also where an unreachable state DB shows first."""
+        try:
+            lease = hold_lease(self.store.lease, self.cfg.holder_name, timedelta(seconds=self.cfg.lease_ttl_s),
+                               process=self.process, stale_after=timedelta(seconds=self.cfg.lease_stale_after_s),
+                               now=self.store.now)
+        except StoreError:
+            if self._db_down_since is None:
+                self._db_down_since = time.monotonic()
+            raise
+        if self._db_down_since is not None:
+            log.info("the state DB answers again after %.0fs", time.monotonic() - self._db_down_since)
+            self._db_down_since = None
         if lease is None:
             if self._token is not None:
                 log.warning("lease lost to another controller; standing by")
@@ -178,17 +187,12 @@ class Controller:
     def run_cycle(self) -> CycleSummary:
         try:
             token = self._hold_lease()
-            if self._db_down_since is not None:
-                log.info("the state DB answers again after %.0fs", time.monotonic() - self._db_down_since)
-                self._db_down_since = None
             if token is None:
                 return CycleSummary(cycle_id=None, skipped="not the lease holder")
             self.refresh_policy()
             cycle_id = self.store.decisions.begin_cycle(holder=self.cfg.holder_name, dry_run=self.cfg.dry_run)
         except StoreError as e:  # DB locked, full or cut off: no lease and no journal, so no action
             self._token = None  # (docs/reliability.md); the lease must be won again, and may be another's by then
-            if self._db_down_since is None:
-                self._db_down_since = time.monotonic()
             log.error("cycle skipped, the state DB is unavailable: %s", e)
             return CycleSummary(cycle_id=None, error=str(e))
         summary = CycleSummary(cycle_id=cycle_id)

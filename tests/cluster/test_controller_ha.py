@@ -8,32 +8,41 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import literal, select
 
 from slurm_elastic.controller.extension import parse_tag
-from slurm_elastic.store import SqlStore
-from slurm_elastic.store.records import ActionKind, ActionState, CycleRecord
+from slurm_elastic.store import SqlStore, StoreUnavailableError
+from slurm_elastic.store.errors import LeaseLostError
+from slurm_elastic.store.lease_sql import check_fencing
+from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, CycleRecord
 from tests.cluster.agents_harness import REPO, Agents
 from tests.cluster.controller_harness import (
     ControllerProcess,
     controller_config,
     elastic_script,
+    marker_file,
+    node_count,
     wait_until,
 )
 from tests.cluster.harness import TestCluster
+from tests.cluster.tcp_relay import TcpRelay, tcp_relay
 
 pytestmark = pytest.mark.cluster
 
 URL = "mysql+pymysql://slurm:slurm-elastic-test@127.0.0.1:13306/slurm_elastic"
+MARIADB = ("127.0.0.1", 13306)
 TTL_S = 10.0  # controller_config's lease_ttl_s
 DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --window 10s --cooldown 15s --grace 3s --signal USR2"
 
@@ -158,3 +167,155 @@ def test_only_the_holder_acts_and_the_standby_takes_over(agents: Agents, clean_c
     # Each acted under its own epoch: the second grow by ctl-b after the takeover.
     assert {x.fencing_epoch for x in applied} == {epoch_a, lease.epoch}
     assert holders == {"ctl-a", "ctl-b"}
+
+
+# --- the holder cut off from the database ----------------------------------------------------------------------
+# A real network-level cut of one controller's DB traffic: that controller reaches MariaDB through a TCP relay
+# the test owns (tests/cluster/tcp_relay.py), which the test switches to a silent black hole and back; the
+# standby and the test reach MariaDB directly.
+
+# The lease step of a cycle or reconcile pass failed on the DB (then the next success logs "answers again").
+LEASE_STEP_FAILED = re.compile(r"(cycle skipped|reconcile pass stopped).* unavailable \(connection_lost\) while "
+                               r"trying to (acquire|read|take over) lease")
+CUT_DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --window 10s --cooldown 15s --grace 6s --signal USR2"
+
+
+def relayed(relay: TcpRelay) -> str:
+    return URL.replace("127.0.0.1:13306", f"127.0.0.1:{relay.port}")
+
+
+def shrinks(st: SqlStore, job: int) -> list[ActionRecord]:
+    return [x for x in st.journal.list_actions(job_id=job) if x.kind == ActionKind.SHRINK]
+
+
+def test_a_holder_cut_off_inside_a_transaction_does_not_lock_the_standby_out(prefix: str) -> None:
+    """Every intent is journaled under the lease row's FOR UPDATE lock. A holder cut off inside that transaction
+    must not keep the row locked for MariaDB's wait_timeout (8 h): the server ends its idle transaction after the
+    store's timeout (idle_transaction_timeout), and the standby takes the lease."""
+    timeout_s = 3.0
+    with tcp_relay(MARIADB) as relay:
+        a = SqlStore.open(relayed(relay), table_prefix=prefix, timeout_s=timeout_s)
+        b = SqlStore.open(URL, table_prefix=prefix)
+        try:
+            lease_a = a.lease.acquire("ctl-a", timedelta(seconds=2))
+            assert lease_a is not None
+            locked, sent = threading.Event(), threading.Event()
+            outcome: list[BaseException | None] = []
+
+            def holder_transaction() -> None:
+                try:
+                    with a.db.write("test: the holder's transaction") as s:
+                        check_fencing(s, a.db.models, lease_a.token(), a.now())  # the lease row, FOR UPDATE
+                        locked.set()
+                        sent.wait(30)
+                        s.execute(select(literal(1)))  # into the cut: no answer
+                    outcome.append(None)
+                except BaseException as e:  # noqa: BLE001 - checked below
+                    outcome.append(e)
+
+            t = threading.Thread(target=holder_transaction, daemon=True)
+            t.start()
+            assert locked.wait(30)
+            relay.cut()
+            cut_at = time.monotonic()
+            sent.set()
+            taken, refused = None, 0
+            while taken is None and time.monotonic() < cut_at + 60:
+                try:
+                    taken = b.lease.acquire("ctl-b", timedelta(seconds=TTL_S))
+                except StoreUnavailableError as e:  # the row is still locked by the holder's transaction
+                    assert e.reason == "locked", e
+                    refused += 1
+                if taken is None:
+                    time.sleep(0.2)
+            handover_s = time.monotonic() - cut_at
+            assert taken is not None, "the standby never got the lease while the holder was cut off"
+            assert taken.holder == "ctl-b" and taken.epoch == lease_a.epoch + 1
+            t.join(30)
+            assert outcome and isinstance(outcome[0], StoreUnavailableError), outcome
+            assert outcome[0].reason == "connection_lost"
+            relay.heal()
+            healed_at = time.monotonic()
+            # The cut-off store recovers by itself (a fresh connection) and sees that it lost the lease.
+            assert a.lease.acquire("ctl-a", timedelta(seconds=2)) is None
+            recovered_s = time.monotonic() - healed_at
+            with pytest.raises(LeaseLostError, match="now held by ctl-b"):
+                a.lease.check(lease_a.token())
+            print(f"\ncut inside a transaction: standby's lease {handover_s:.1f}s after the cut ({refused} lock "
+                  f"waits refused), store timeout {timeout_s:g}s; the cut-off store answered {recovered_s:.2f}s "
+                  f"after the heal")
+        finally:
+            a.close()
+            b.close()
+
+
+def test_the_holder_cut_off_from_the_database_hands_over_and_nothing_is_done_twice(
+        agents: Agents, clean_cluster: TestCluster, tmp_path: Path, prefix: str) -> None:
+    """ctl-a reaches MariaDB through the relay, ctl-b directly. ctl-a is cut off while its shrink of an idle job is
+    under way (signalled, waiting out the grace): it acts on nothing while cut off, ctl-b takes the lease at its
+    TTL and carries out that same shrink once, and ctl-a, healed, stands by without acting."""
+    cluster = agents.cluster
+    marker = marker_file(cluster)
+    st = SqlStore.open(URL, table_prefix=prefix)
+    with tcp_relay(MARIADB) as relay:
+        cfg_a = controller_config(tmp_path, agents, db_url=relayed(relay), table_prefix=prefix, holder="ctl-a",
+                                  name="a.toml")
+        cfg_b = controller_config(tmp_path, agents, db_url=URL, table_prefix=prefix, holder="ctl-b", name="b.toml")
+        try:
+            with controller(cluster, cfg_a) as a:
+                job = cluster.submit(elastic_script(10, CUT_DIRECTIVES, marker), "-N2", "--gres=gpu:2", "--time=30",
+                                     user="alice")
+                wait_until("ctl-a to hold the lease", lambda: holder(st) == "ctl-a", 60, a)
+                epoch_a = st.lease.get().epoch  # type: ignore[union-attr]
+                with controller(cluster, cfg_b) as b:
+                    wait_until("ctl-b to start", lambda: "controller ctl-b started" in b.log_text(), 60, b)
+                    # The cut, as soon as ctl-a's shrink is under way (grace signal sent, nodes not yet taken).
+                    deadline = time.monotonic() + 90
+                    while not any(x.state == ActionState.IN_PROGRESS for x in shrinks(st, job)):
+                        assert time.monotonic() < deadline, f"ctl-a never started a shrink\n{a.log_text()[-3000:]}"
+                        assert not any(x.state == ActionState.APPLIED for x in shrinks(st, job)), "cut too late"
+                        time.sleep(0.1)
+                    relay.cut()
+                    cut_at = datetime.now(UTC)
+                    assert node_count(cluster, job) == 2
+                    wait_until("ctl-b to take the lease", lambda: holder(st) == "ctl-b", 60, b)
+                    lease = st.lease.get()
+                    assert lease is not None and lease.epoch == epoch_a + 1
+                    wait_until("the shrink to be carried out", lambda: node_count(cluster, job) == 1 and any(
+                        x.state == ActionState.APPLIED for x in shrinks(st, job)), 60, b)
+                    done_at = datetime.now(UTC)
+                    # ctl-a's calls each wait out its DB timeout (its lease TTL); its lease step fails at its
+                    # next cycle or reconcile pass, which then ends unacted.
+                    wait_until("ctl-a's lease step to fail", lambda: LEASE_STEP_FAILED.search(a.log_text()), 60, a)
+                    skipped_at = datetime.now(UTC)
+                    assert relay.is_cut
+                    relay.heal()
+                    healed_at = datetime.now(UTC)
+                    wait_until("ctl-a to reach the DB again", lambda: "the state DB answers again" in a.log_text(),
+                               60, a)
+                    recovered_at = datetime.now(UTC)
+                    wait_until("2 full cycles of ctl-b after that", lambda: sum(
+                        1 for c in cycles(st) if c.holder == "ctl-b" and c.started_at > recovered_at
+                        and c.finished_at is not None and c.error is None) >= 2, 60, b)
+                    assert a.proc.poll() is None and b.proc.poll() is None
+                    assert holder(st) == "ctl-b"
+                    actions = st.journal.list_actions()
+                    rows = cycles(st)
+                    grace_lines = [line for line in marker.read_text().splitlines() if line.startswith("grace")]
+                    nodes_after = node_count(cluster, job)
+                    log_a = a.log_text()
+        finally:
+            st.close()
+    print(f"\nDB cut: ctl-b's lease {(lease.acquired_at - cut_at).total_seconds():.1f}s after the cut (TTL "
+          f"{TTL_S:g}s), the shrink done {(done_at - cut_at).total_seconds():.1f}s after it; ctl-a answered again "
+          f"{(recovered_at - healed_at).total_seconds():.1f}s after the heal; its first failed lease step "
+          f"{(skipped_at - cut_at).total_seconds():.1f}s after the cut; ctl-a logged "
+          f"{len(LEASE_STEP_FAILED.findall(log_a))} failed lease steps; {len(actions)} actions")
+    # One shrink, decided and signalled by ctl-a, carried out once (by ctl-b): one grace signal, one node fewer.
+    assert [(x.kind, x.state, x.fencing_epoch) for x in actions] == [(ActionKind.SHRINK, ActionState.APPLIED,
+                                                                       epoch_a)]
+    assert len(grace_lines) == 1 and nodes_after == 1
+    # Nothing on stale data: ctl-a began no cycle after the cut, and every cycle after the handover is ctl-b's.
+    assert not [c for c in rows if c.holder == "ctl-a" and c.started_at > cut_at]
+    assert "took the controller lease" not in log_a and "holding the controller lease (epoch" in log_a
+    assert not [x for x in actions if x.state in (ActionState.INTENT, ActionState.IN_PROGRESS)]

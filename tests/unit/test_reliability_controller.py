@@ -145,7 +145,10 @@ def test_locked_database_no_action_clear_error_then_recovers(tmp_path: Path, cap
     finally:
         locker.execute("ROLLBACK")
         locker.close()
-    run(ctl, clock, 8)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        run(ctl, clock, 8)
+    assert len([r for r in caplog.records if "the state DB answers again" in r.getMessage()]) == 1
     grows = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
     assert [a.state for a in grows] == [ActionState.APPLIED]
     assert len([c for c in slurm.calls if c[0] == "submit"]) == 1
