@@ -13,17 +13,17 @@ grows it back like any other unit.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Protocol, cast
 
 from slurm_elastic.directives.spec import ElasticSpec
-from slurm_elastic.policy.capacity import NodePool, Status, need_of
+from slurm_elastic.policy.capacity import NodePool, Status, is_free_node, need_of
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver
 from slurm_elastic.policy.model import Scalar
 from slurm_elastic.policy.reasons import Reason
 from slurm_elastic.policy.shrink import time_limit_extension_s
-from slurm_elastic.slurm.model import ClusterSnapshot, Job
+from slurm_elastic.slurm.model import ClusterSnapshot, Job, Node
 
 #: Slurm's "start it now" state reasons are counted, never "None" (not looked at by the scheduler yet).
 _UNSCHEDULED = "None"
@@ -167,9 +167,18 @@ def decide_molds(snapshot: ClusterSnapshot, pending: Sequence[tuple[Job, Elastic
         candidates.append(((-job.priority, submitted, job.job_id), c))
     if not candidates:
         return []
-    pool = NodePool(snapshot.nodes, exclude=frozenset(taken_nodes))
+    pool = NodePool(snapshot.nodes, exclude=frozenset(taken_nodes), select=_free_or_planned)
     ordered = [c for _, c in sorted(candidates, key=lambda kc: kc[0])]
     return plan_molds(ordered, _SnapshotFree(pool, jobs))
+
+
+def _free_or_planned(node: Node) -> bool:
+    """A free node, or an idle one Slurm's backfill has PLANNED for a waiting job (measured on 22.05: the nodes
+    free behind a job that waits on Resources carry it, planned for that very job). Reshaped, the job is planned
+    again, on those nodes or not: Slurm decides, as it does for any start."""
+    if node.state == "IDLE" and "PLANNED" in node.state_flags:
+        return is_free_node(replace(node, state_flags=tuple(f for f in node.state_flags if f != "PLANNED")))
+    return is_free_node(node)
 
 
 # --- the simulator's caller ------------------------------------------------------------------------------------

@@ -84,3 +84,13 @@ def test_controller_time_limit_scaling_follows_extend_time_limit_on_shrink() -> 
     [m] = decide_molds(snap, [(waiting, spec(min_nodes=1))],
                        cfg(moldable_start=True, extend_time_limit_on_shrink=False))
     assert m.time_limit_add_s == 0
+
+
+def test_controller_counts_nodes_backfill_planned_for_a_waiting_job_as_free() -> None:
+    # measured on 22.05: the free nodes behind a job waiting on Resources are IDLE+PLANNED (planned for it)
+    waiting = pending(22, count=4)
+    all_nodes = nodes(2, busy=["n1", "n2"]) + nodes(2, prefix="p", flags=("PLANNED",))
+    [m] = decide_molds(snapshot([waiting], all_nodes), [(waiting, spec(min_nodes=1))], cfg(moldable_start=True))
+    assert m.nodes == 2
+    draining = nodes(2, prefix="p", flags=("PLANNED", "DRAIN"))
+    assert decide_molds(snapshot([waiting], draining), [(waiting, spec(min_nodes=1))], cfg(moldable_start=True)) == []
