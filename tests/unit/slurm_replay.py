@@ -35,8 +35,8 @@ from tests.unit.storehelpers import FakeClock, memory_store
 REPO = Path(__file__).resolve().parents[2]
 RELEASE = "22.05"
 SCENARIO_DIR = REPO / "tests" / "fixtures" / "slurm" / RELEASE / "scenarios"
-RERECORD = ("re-record with: flock /tmp/slurm-elastic-cluster-tests.lock scripts/record-slurm-scenarios {name} "
-            "(needs the live 22.05 test cluster; docs/testing.md)")
+RERECORD = ("if the adapter's commands changed on purpose, re-record with scripts/record-slurm-scenarios {name} "
+            "(the live 22.05 test cluster, under its lock; docs/slurm-adapter.md)")
 STEP_S = 2.0  # the fake clock's step per cycle, = the controller's interval_s
 # The leader's batch script: directives for the controller, a shell that survives the grace signal (USR1 kills
 # bash by default) and sleeps until the scenario cancels it.
@@ -234,7 +234,7 @@ class ReplayRunner:
             else:
                 want = self.rec.commands[self.pos]
                 if command_key(want["argv"]) != got:
-                    self._stale(f"command {self.pos + 1}: the controller ran {got}, the recording has "
+                    self._stale(f"command {self.pos + 1}: the controller ran {got} where the recording has "
                                 f"{command_key(want['argv'])}")
                 elif want["stdin"] != input_text:
                     self._stale(f"command {self.pos + 1} {got}: its stdin differs from the recording's")
