@@ -27,7 +27,7 @@ from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.protocols import ActuatorStore
-from slurm_elastic.store.records import ActionKind, ActionState, ElasticJobRecord, NewDecision
+from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, ElasticJobRecord, NewDecision
 
 log = logging.getLogger(__name__)
 
@@ -51,22 +51,24 @@ class Molds:
         for gone in [j for j in self._requests if j not in live]:
             del self._requests[gone]
         seen = {r.job_id for r in known}
+        unseen = [u for u in built.units if u.unit_id not in self._requests]
+        found = self.store.journal.find_by_idempotency_keys([mold_key(u.unit_id) for u in unseen]) if unseen else {}
+        for u in unseen:
+            self._requests[u.unit_id] = self._molded_request(found.get(mold_key(u.unit_id)), u.unit_id,
+                                                             first_seen=u.unit_id not in seen)
         units: list[ElasticUnit] = []
         for u in built.units:
-            if u.unit_id not in self._requests:
-                self._requests[u.unit_id] = self._lookup(u, first_seen=u.unit_id not in seen)
             request = self._requests[u.unit_id]
             units.append(u if request is None or u.spec.max_nodes is not None
                          else replace(u, submitted_nodes=max(request, u.leader_nodes)))
         return replace(built, units=tuple(units))
 
-    def _lookup(self, u: ElasticUnit, *, first_seen: bool) -> int | None:
-        action = self.store.journal.find_by_idempotency_key(mold_key(u.unit_id))
+    def _molded_request(self, action: ActionRecord | None, unit_id: int, *, first_seen: bool) -> int | None:
         if action is None or action.kind != ActionKind.MOLD or action.state != ActionState.APPLIED:
             return None
         add_min = int(action.params.get("time_limit_add_min") or 0)
         if first_seen and add_min > 0:  # counted once, by run(), after this cycle has recorded the job
-            self._uncounted[u.unit_id] = add_min
+            self._uncounted[unit_id] = add_min
         return int(action.params["from"])
 
     # --- the cycle's molds -------------------------------------------------------------------------------------
@@ -95,8 +97,8 @@ class Molds:
         taken = {n for d in decided if d.grow is not None for n in d.grow.nodes}
         taken |= _pending_extension_nodes(self.store, snap)
         skip = {j for d in decided if d.shrink is not None for j in d.shrink.admits}
-        skip |= {job.job_id for job, _ in pending
-                 if self.store.journal.find_by_idempotency_key(mold_key(job.job_id)) is not None}
+        molded = self.store.journal.find_by_idempotency_keys([mold_key(job.job_id) for job, _ in pending])
+        skip |= {job.job_id for job, _ in pending if mold_key(job.job_id) in molded}
         molds = decide_molds(snap, pending, policy, taken_nodes=taken, skip=skip)
         if not molds:
             return acted

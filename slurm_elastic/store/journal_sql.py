@@ -198,6 +198,18 @@ class SqlJournal:
             row = s.execute(select(A).where(A.idempotency_key == key)).scalar_one_or_none()
             return None if row is None else action_record(row)
 
+    def find_by_idempotency_keys(self, keys: Sequence[str]) -> dict[str, ActionRecord]:
+        """The actions of those ``keys`` that exist, by key: one query per 500 keys (the controller looks up
+        the mold keys of every unit it has not seen yet at once)."""
+        A = self._db.models.action
+        wanted = sorted(set(keys))
+        found: dict[str, ActionRecord] = {}
+        with self._db.read("find actions by idempotency keys") as s:
+            for i in range(0, len(wanted), 500):
+                for row in s.execute(select(A).where(A.idempotency_key.in_(wanted[i:i + 500]))).scalars():
+                    found[row.idempotency_key] = action_record(row)
+        return found
+
     def dangling(self, older_than: timedelta = timedelta(0)) -> list[ActionRecord]:
         """Open actions (intent, in_progress) not touched for ``older_than``: after a crash, or a transient
         failure, these must be settled by reading Slurm before anything else is done to their jobs."""

@@ -121,3 +121,12 @@ def test_adapter_reshapes_a_waiting_job_in_one_absolute_update_and_refuses_the_r
         with pytest.raises(ResizeRefusedError):
             _cli(rec).mold(job, lo, hi, limit)
     assert len(rec.argvs) == 2
+
+
+def test_the_journal_finds_many_keys_in_one_call() -> None:
+    store = memory_store(FakeClock(T0))
+    ids = {f"mold:{j}": store.journal.record_intent(job_id=j, kind=ActionKind.MOLD, idempotency_key=f"mold:{j}",
+                                                    nodes=1) for j in range(1, 1200, 2)}
+    found = store.journal.find_by_idempotency_keys([f"mold:{j}" for j in range(0, 1200)] + ["mold:1"])
+    assert {k: a.id for k, a in found.items()} == ids
+    assert store.journal.find_by_idempotency_keys([]) == {}
