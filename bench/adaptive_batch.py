@@ -8,7 +8,7 @@ policy's throughput-based rules (``speedup_growth``, ``goodput``) rank their gro
 Prints Markdown (docs/performance.md, "Adaptive batch size").
 
     .venv/bin/python bench/adaptive_batch.py [--workloads 6] [--scheduler greedy] [--policy bench/sim-policy.toml]
-        [--set speedup_growth=true ...]
+        [--set speedup_growth=true ...] [--reasons]
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def main() -> int:
     ap.add_argument("--policy", type=Path, default=ROOT / "bench" / "sim-policy.toml")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="policy key over the policy file (TOML value), e.g. speedup_growth=true")
+    ap.add_argument("--reasons", action="store_true",
+                    help="print what the elastic runs' grows and shrinks were decided for (reason counts)")
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--gpus-per-node", type=int, default=4)
     args = ap.parse_args()
@@ -63,6 +65,7 @@ def main() -> int:
           f"(policy {args.policy.name}, overrides: {extra})\n")
     print("| workload | run | avg JCT (s) | vs rigid | p99 JCT (s) | vs rigid | resizes per job | sim s |")
     print("|---|---|---|---|---|---|---|---|")
+    counts: list[tuple[str, str]] = []
     for n in (int(x) for x in args.workloads.split(",")):
         workload = load_workload(str(traces_dir() / "pollux" / args.set_name / f"workload-{n}.csv"), "pollux")
         rigid: Metrics | None = None
@@ -79,9 +82,13 @@ def main() -> int:
             print(f"| {args.set_name}/workload-{n} | {label} | {m.avg_jct:,.0f} | {m.avg_jct / rigid.avg_jct:.2f}x "
                   f"| {m.p99_jct:,.0f} | {m.p99_jct / rigid.p99_jct:.2f}x | {m.resizes:.2f} | {took:.0f} |",
                   flush=True)
+            if args.reasons and policy is not None:
+                counts.append((label, ", ".join(f"{k} {v}" for k, v in sorted(policy.actions.items()))))
     if args.workloads == "6" and args.set_name == "workloads":
         for label, value in POLLUX.items():
             print(f"| workload-6 | {label} | {value:,.0f} | | | | | |")
+    for label, text in counts:
+        print(f"\n{label}: {text}")
     return 0
 
 

@@ -55,7 +55,7 @@ One :class:`ProductionPolicy` serves one run: it keeps per-run state (samples, h
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -232,6 +232,7 @@ class ProductionPolicy:
         self.sim = sim
         self.settings = settings or AdapterSettings()
         self.calls = 0
+        self.actions: Counter[str] = Counter()  # "grow SPEEDUP_GAIN" -> grows and shrinks decided (for bench/)
         self._ids: dict[str, int] = {}
         self._trace_ids: dict[int, str] = {}
         self._units: dict[str, _Unit] = {}
@@ -449,6 +450,7 @@ class ProductionPolicy:
             trace_id = self._trace_ids[d.unit_id]
             if d.action is Action.HOLD:  # incl. units with an action in flight (ACTION_IN_PROGRESS)
                 continue
+            self.actions[f"{d.action} {d.reason}"] += 1
             admits = d.shrink.admit_basis if d.shrink is not None and d.reason is Reason.SHRINK_TO_ADMIT else ()
             record = ResizeRecord(at=t, unit_id=d.unit_id, action=d.action, from_nodes=d.current_nodes,
                                   to_nodes=d.target_nodes, outcome=Outcome.INTENT, reason=str(d.reason))

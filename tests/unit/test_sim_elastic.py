@@ -131,7 +131,8 @@ def test_shrink_to_admit_waits_for_the_grace_period_then_admits() -> None:
     config = SimConfig(2, 4, scheduler="fifo")
     jobs = [job("A", 0.0, 4), job("B", 1000.0, 4)]
     perf = {"A": LinearPerf(20_000.0, 4), "B": LinearPerf(600.0, 4)}
-    result = Simulation(config, jobs, perf, policy=ProductionPolicy(parse_config(_SCENARIO), config)).run()
+    policy = ProductionPolicy(parse_config(_SCENARIO), config)
+    result = Simulation(config, jobs, perf, policy=policy).run()
     assert check_invariants(result, 2) == []
     steps = [(o.time, o.job_id, o.from_nodes, o.target_nodes, o.message) for o in result.resizes]
     assert steps == [
@@ -139,6 +140,7 @@ def test_shrink_to_admit_waits_for_the_grace_period_then_admits() -> None:
         (1260.0, "A", 2, 1, "SHRINK_TO_ADMIT"),
         (1920.0, "A", 1, 2, "OVERUTILIZED"),
     ]
+    assert policy.actions == {"grow OVERUTILIZED": 2, "shrink SHRINK_TO_ADMIT": 1}  # what bench/ counts
     b = next(r for r in result.jobs if r.job_id == "B")
     assert b.start_time == 1260.0
 
