@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,9 @@ from slurm_elastic.agent.auth import HEADER_SIGNATURE, sign_request
 from slurm_elastic.agent.munge import Munge
 from slurm_elastic.agent.munge_auth import SCHEME, MungeClientAuth, request_id, request_payload
 from slurm_elastic.agent.payload import NODE_PATH
+from slurm_elastic.mig.adapters import HttpAgent, load_agent_auth
+from slurm_elastic.mig.config import AgentAccess
+from slurm_elastic.mig.errors import WorkflowError
 from slurm_elastic.slurm.hostlist import expand
 from slurm_elastic.store import SqlStore
 from tests.cluster.agents_harness import REPO, Agents, running_agents
@@ -143,3 +147,25 @@ def test_the_controller_polls_real_agents_with_munge(munge_agents: Agents, clust
             assert rec.last_seen is None and "refused our credentials" in (rec.last_error or ""), rec
     finally:
         cluster.cancel(job)
+
+
+def test_the_mig_workflow_reaches_a_munge_agent_with_munge_and_not_with_the_key(munge_agents: Agents) -> None:
+    """The MIG workflow's agent port (``GET /v1/mig``, ``POST /v1/mig/apply``) with ``[agents] auth = "munge"`` in
+    mig.toml gets through to a real agent that requires MUNGE; the same port on the shared key is refused (401) for
+    both. The apply asks for the layout the node already has: the signed POST goes the whole way (credential bound
+    to its body, the agent's signed answer checked), and the shared cluster's GPUs keep their layout."""
+    node = "n1"
+    access = AgentAccess(auth="munge", munge_agent_user=str(os.geteuid()), munge_ttl_s=30,
+                         key_file=munge_agents.key_file, urls={node: munge_agents.url(node)})
+    agent = HttpAgent(access, load_agent_auth(access, "mig.toml"))
+    before = agent.report(node)
+    assert before.node == node and before.gpus
+    changes, after = agent.apply(node, before.layout())
+    assert changes == () and after.layout() == before.layout()
+    keyed = replace(access, auth="hmac")
+    on_the_key = HttpAgent(keyed, load_agent_auth(keyed, "mig.toml"))
+    with pytest.raises(WorkflowError, match=r"agent of n1: .*refused our credentials.*missing_credentials|"
+                                            r"agent of n1: .*refused our credentials.*malformed_credentials"):
+        on_the_key.report(node)
+    with pytest.raises(WorkflowError, match="refused our credentials"):
+        on_the_key.apply(node, before.layout())
