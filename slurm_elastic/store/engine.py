@@ -126,7 +126,7 @@ def _mysql_engine(u: URL, busy_timeout_ms: int, echo: bool, timeout_s: float) ->
         connect_args={"connect_timeout": min(10.0, timeout_s), "read_timeout": timeout_s,
                       "write_timeout": timeout_s},
     )
-    idle_s = max(1, math.ceil(timeout_s))
+    idle_s = max(1, math.floor(timeout_s))  # not above timeout_s: the server gives up on a transaction first
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
