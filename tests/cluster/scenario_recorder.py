@@ -20,7 +20,6 @@ from tests.unit.slurm_replay import (
     RELEASE,
     SCENARIO_DIR,
     SCENARIOS,
-    SCRIPT,
     Recording,
     Scenario,
     build_world,
@@ -60,13 +59,17 @@ def record(cluster: TestCluster, scenario: Scenario) -> Recording:
     nodes: dict[str, list[str]] = {}
     try:
         for spec in scenario.jobs:
-            jobs[spec.name] = cluster.submit(SCRIPT if spec.elastic else PLAIN, f"-N{spec.nodes}",
-                                             "--gres=gpu:4", "--time=30", f"--job-name=scenario-{spec.name}",
-                                             user=spec.user)
+            shape = [f"-N{spec.nodes}", "--time=30", *(("--gres=gpu:4",) if not spec.het else ()),
+                     f"--job-name=scenario-{spec.name}", *((":", *spec.het) if spec.het else ())]
+            jobs[spec.name] = cluster.submit(spec.script if spec.elastic else PLAIN, *shape, user=spec.user)
             if spec.priority is not None:
                 cluster.run(["scontrol", "update", f"JobId={jobs[spec.name]}", f"Priority={spec.priority}"],
                             check=True)
             _wait_state(cluster, jobs[spec.name], "PENDING" if spec.pending else "RUNNING")
+            if spec.het:  # the unit is component 1, addressed by its raw id
+                jobs[f"{spec.name}_leader"] = jobs[spec.name]
+                jobs[spec.name] = next(j.job_id for j in cluster.jobs()
+                                       if j.het_job_id == jobs[spec.name] and j.het_job_offset == 1)
             job = cluster.job(jobs[spec.name])
             nodes[spec.name] = list(job.nodes) if job is not None else []
         start = datetime.now(tz=UTC).replace(microsecond=0)

@@ -45,6 +45,11 @@ SCRIPT = """#!/bin/bash
 trap 'echo "grace $(date +%s)"' USR1 USR2
 while :; do sleep 5 & wait $!; done
 """
+# An extension of this job fails on its own at once (its own exit status, not a cancel).
+FAILING_EXT_SCRIPT = SCRIPT.replace("trap ", '[ "${SLURM_ELASTIC_ROLE:-}" = extension ] && exit 3\ntrap ', 1)
+# A het job whose GPU component (offset 1) is elastic; component 0 is the batch host.
+HET_SCRIPT = SCRIPT.replace("#ELASTIC --min-nodes 1 --max-nodes 3",
+                            "#ELASTIC --het-group 1 --min-nodes 1 --max-nodes 2")
 POLICY_TEXT = """
 version = 1
 window_s = 10
@@ -89,6 +94,9 @@ class JobSpec:
     priority: int | None = None  # set by root after submission (scontrol update Priority=)
     elastic: bool = True  # the #ELASTIC script; else a plain sleep
     pending: bool = False  # submitted when it cannot start; the recording waits for PENDING, not RUNNING
+    script: str = SCRIPT  # when elastic
+    het: tuple[str, ...] = ()  # sbatch args of a second het component (offset 1): the scenario's unit is that
+    # component (its raw id under ``name``, the het leader under ``name + "_leader"``)
 
 
 @dataclass
@@ -145,6 +153,13 @@ def _watch(w: World) -> None:
     w.cycles(10)
 
 
+def _grow_fails(w: World) -> None:
+    w.cycles(8)  # the grow: an extension job that fails at once
+    w.wait("ext", "FAILED")
+    w.reconcile()
+    w.cycles(15)  # past the cooldown (20 s), inside the grow back-off (60 s)
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("shrink_with_grace", "an idle 3-node job: the grace signal, then a shrink to 2 after grace_s",
              (JobSpec("idle", 3, util=5.0),), _shrink),
@@ -157,6 +172,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              _admit, policy_text=ADMIT_POLICY_TEXT),
     Scenario("dry_run_idle", "an idle 2-node job under --dry-run: shrinks decided, no Slurm write",
              (JobSpec("idle", 2, util=5.0),), _watch, dry_run=True),
+    Scenario("grow_extension_fails", "a busy 1-node job grows; its extension job fails on its own at once: the "
+             "controller backs off further grows", (JobSpec("busy", 1, util=95.0, script=FAILING_EXT_SCRIPT),),
+             _grow_fails),
+    Scenario("het_component_shrink", "an idle het job's GPU component (2 nodes) shrinks to 1 after the grace "
+             "signal, by its raw job id; component 0 untouched",
+             (JobSpec("het", 1, util=5.0, script=HET_SCRIPT, het=("-N2", "--gres=gpu:2", "--time=30")),),
+             _shrink),
     Scenario("silent_agent", "an idle 2-node job whose second node's agent never answers: no samples, no action",
              (JobSpec("idle", 2, util=5.0),), _watch, silent_nodes=(1,)),
 )}

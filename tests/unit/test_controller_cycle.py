@@ -273,23 +273,25 @@ def test_reconcile_resolves_dangling_grows_by_their_key(world: tuple) -> None:  
     assert ("cancel", 52) not in slurm.calls
 
 
-# FakeSlurm: an extension that FAILS on its own (not cancelled) at a chosen cycle.
-def test_grow_backs_off_after_extensions_die_on_their_own(world: tuple) -> None:  # type: ignore[type-arg]
-    ctl, slurm, agents, clock, store = world
-    slurm.add_job(60, ["n1"])
-    agents.util[("n1", 60)] = 95.0
-    run(ctl, clock, 8)
-    ext_id = slurm.next_id
-    slurm.jobs[ext_id] = replace(slurm.jobs[ext_id], state="FAILED")  # e.g. its output could not be opened
-    ctl.reconcile()
-    run(ctl, clock, 15)  # past the cooldown (20 s), inside the 60 s backoff
-    assert len([c for c in slurm.calls if c[0] == "submit"]) == 1
-    from slurm_elastic.store.records import DecisionFilter
-
-    held = store.decisions.list_decisions(DecisionFilter(job_id=60, reason="GROW_BACKOFF"))
+def test_grow_backs_off_after_extensions_die_on_their_own() -> None:
+    """The recorded extension job exits 3 at once (its script fails in the extension role)."""
+    r = _replay("grow_extension_fails")
+    busy, ext = r.rec.jobs["busy"], r.rec.jobs["ext"]
+    assert len(r.runner.ran("runuser")) == 1  # 15 cycles past the cooldown, inside the back-off: no second grow
+    held = r.store.decisions.list_decisions(DecisionFilter(job_id=busy, reason="GROW_BACKOFF"))
     assert held and all(d.action == "hold" and d.inputs["would"] == "OVERUTILIZED" for d in held)
     assert "1 extension job(s) ended on their own within 600s" in held[0].message
-    assert held[0].inputs["extension_failures"] == 1 and held[0].inputs["last_failed_extension"] == ext_id
+    assert held[0].inputs["extension_failures"] == 1 and held[0].inputs["last_failed_extension"] == ext
+
+
+def test_a_het_component_shrinks_by_its_raw_job_id() -> None:
+    r = _replay("het_component_shrink")
+    comp, leader, nodes = r.rec.jobs["het"], r.rec.jobs["het_leader"], r.rec.nodes["het"]
+    updates = [c for c in _slurm_writes(r.runner) if c[:2] == ["scontrol", "update"]]
+    assert updates[0] == ["scontrol", "update", f"JobId={comp}", f"NodeList={nodes[0]}"], updates
+    assert not any(f"JobId={leader}" in c or f"{leader}+" in " ".join(c) for c in _slurm_writes(r.runner))
+    (action,) = [a for a in r.store.journal.list_actions(job_id=comp) if a.kind == ActionKind.SHRINK]
+    assert action.state == ActionState.APPLIED and (action.params["from"], action.params["to"]) == (2, 1)
 
 
 @pytest.mark.parametrize("text,match", [
