@@ -182,6 +182,9 @@ class Simulation:
         self.config = config
         self.cluster = Cluster(config.num_nodes, config.gpus_per_node, power=config.power, clock=lambda: self.now)
         self.policy = policy
+        # Moldable start: SimConfig's switch, or the policy's own ``moldable_start`` key (the one the controller
+        # reads; a production policy exposes it), so that a policy file switches it in both places.
+        self._molding = policy is not None and (config.moldable_start or bool(getattr(policy, "moldable_start", False)))
         self.on_progress = on_progress
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, int]] = []
@@ -382,7 +385,7 @@ class Simulation:
             job = self._jobs[index]
             self._start(job, self.cluster.place(job.spec.num_gpus, self.config.placement))
         started = set(chosen)
-        if self.config.moldable_start and self.policy is not None:
+        if self._molding:
             started |= self._mold()
         if not started:
             return

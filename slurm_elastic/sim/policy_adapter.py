@@ -231,6 +231,8 @@ class ProductionPolicy:
         self.cfg = cfg
         self.sim = sim
         self.settings = settings or AdapterSettings()
+        # the policy's global moldable_start: the engine molds waiting jobs with the controller's rule when on
+        self.moldable_start = bool(cfg.resolve("moldable_start").value)
         self.calls = 0
         self.actions: Counter[str] = Counter()  # "grow SPEEDUP_GAIN" -> grows and shrinks decided (for bench/)
         self._ids: dict[str, int] = {}

@@ -227,3 +227,24 @@ def test_invariants_reject_a_molded_start_at_or_above_the_request() -> None:
     b = next(r for r in result.jobs if r.job_id == "B")
     bad = replace(result, jobs=tuple(replace(r, gpus_seen=(12,)) if r is b else r for r in result.jobs))
     assert any("molded job B" in p for p in check_invariants(bad, 2))
+
+
+def test_a_policy_whose_config_has_moldable_start_on_molds_without_the_sim_switch() -> None:
+    # the key the controller reads switches the simulator too (a production policy exposes it)
+    specs = [("A", 0.0, 4, 5000.0), ("B", 10.0, 12, 1200.0)]
+    policy = ScriptedPolicy({})
+    policy.moldable_start = True  # type: ignore[attr-defined]
+    molded = _run(SimConfig(3, 4, scheduler="fifo", start_delay=0.0), specs, policy)
+    assert next(r for r in molded.jobs if r.job_id == "B").molded
+    plain = _run(SimConfig(3, 4, scheduler="fifo", start_delay=0.0), specs, ScriptedPolicy({}))
+    assert not next(r for r in plain.jobs if r.job_id == "B").molded
+
+
+def test_the_production_policy_exposes_its_moldable_start_key() -> None:
+    from slurm_elastic.policy import config_from_mapping
+    from slurm_elastic.sim.policy_adapter import ProductionPolicy
+
+    sim = SimConfig(3, 4)
+    on = config_from_mapping({"version": 1, "moldable_start": True}, "<test>")
+    off = config_from_mapping({"version": 1, "moldable_start": False}, "<test>")
+    assert ProductionPolicy(on, sim).moldable_start and not ProductionPolicy(off, sim).moldable_start
