@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from slurm_elastic.controller.extension import ExtensionTag
 from slurm_elastic.slurm.runner import CommandResult, RetryPolicy, SlurmCommands, subprocess_runner
 from tests.cluster.harness import TestCluster
 from tests.unit.slurm_replay import (
@@ -59,7 +60,10 @@ def record(cluster: TestCluster, scenario: Scenario) -> Recording:
     nodes: dict[str, list[str]] = {}
     try:
         for spec in scenario.jobs:
-            shape = [f"-N{spec.nodes}", "--time=30", *(("--gres=gpu:4",) if not spec.het else ()),
+            first = jobs[scenario.jobs[0].name] if jobs else 0
+            tag = ([f"--comment={ExtensionTag(first, spec.tag_key.format(leader=first)).render()}"]
+                   if spec.tag_key else [])
+            shape = [f"-N{spec.nodes}", "--time=30", *(("--gres=gpu:4",) if not spec.het else ()), *tag,
                      f"--job-name=scenario-{spec.name}", *((":", *spec.het) if spec.het else ())]
             jobs[spec.name] = cluster.submit(spec.script if spec.elastic else PLAIN, *shape, user=spec.user)
             if spec.priority is not None:
@@ -88,7 +92,13 @@ def record(cluster: TestCluster, scenario: Scenario) -> Recording:
             _wait_state(cluster, jobs[name], state)
 
         world, store = build_world(scenario, commands, clock, Agents(clock), jobs, nodes, ext_env, wait)
-        scenario.script(world)
+        users = {spec.name: spec.user for spec in scenario.jobs}
+
+        def cancel(name: str) -> None:
+            cluster.run(["scancel", str(jobs[name])], user=users[name], check=True)
+
+        world.cancel = cancel
+        scenario.play(world)
         return Recording(name=scenario.name, release=RELEASE,
                          recorded_at=datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%MZ"), clock_start=start,
                          extension_env=ext_env, jobs=dict(jobs), nodes=nodes, commands=recorder.commands)

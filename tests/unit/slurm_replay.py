@@ -30,6 +30,7 @@ from slurm_elastic.policy import parse_config
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.runner import CommandResult, CommandRunner, RetryPolicy, SlurmCommands
 from slurm_elastic.store import SqlStore
+from slurm_elastic.store.records import ActionKind
 from tests.unit.storehelpers import FakeClock, memory_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,6 +98,7 @@ class JobSpec:
     script: str = SCRIPT  # when elastic
     het: tuple[str, ...] = ()  # sbatch args of a second het component (offset 1): the scenario's unit is that
     # component (its raw id under ``name``, the het leader under ``name + "_leader"``)
+    tag_key: str | None = None  # an extension tag in its comment: this key ({leader}: the first job's id)
 
 
 @dataclass
@@ -110,6 +112,8 @@ class World:
     nodes: dict[str, list[str]]  # scenario name -> the nodes it runs on (at the start)
     wait: Callable[[str, str], None]  # (job name, state): in recording, wait until Slurm shows it; no-op in replay
     check: Callable[[], None] = lambda: None  # after each controller call (replay: stale recording?)
+    cancel: Callable[[str], None] = lambda _name: None  # in recording, scancel the job as its user would
+    reconciled: list[list[str]] = field(default_factory=list)  # what each reconcile() said it did
 
     def cycles(self, n: int) -> None:
         for _ in range(n):
@@ -118,7 +122,7 @@ class World:
             self.clock.advance(STEP_S)
 
     def reconcile(self) -> None:
-        self.ctl.reconcile()
+        self.reconciled.append(self.ctl.reconcile())
         self.check()
 
 
@@ -131,6 +135,12 @@ class Scenario:
     policy_text: str = POLICY_TEXT
     dry_run: bool = False
     silent_nodes: tuple[int, ...] = ()  # indexes into the first job's nodes whose agent never answers
+    prepare: Callable[[World], None] | None = None  # before the script, in both runs (e.g. journal entries)
+
+    def play(self, world: World) -> None:
+        if self.prepare is not None:
+            self.prepare(world)
+        self.script(world)
 
 
 def _shrink(w: World) -> None:
@@ -160,6 +170,22 @@ def _grow_fails(w: World) -> None:
     w.cycles(15)  # past the cooldown (20 s), inside the grow back-off (60 s)
 
 
+def _dangling_grows(w: World) -> None:
+    """A controller crashed after journaling two grows of the leader; Slurm has an extension for one key."""
+    leader = w.jobs["leader"]
+    for n in (1, 2):
+        w.ctl.store.journal.record_intent(job_id=leader, kind=ActionKind.GROW, idempotency_key=f"grow:{leader}:{n}",
+                                          nodes=1)
+
+
+def _reconcile(w: World) -> None:
+    w.reconcile()  # key 1 is found in Slurm: applied; key 2 is not: aborted
+    w.cycles(1)  # the controller sees the leader (an elastic job of alice's)
+    w.cancel("leader")
+    w.wait("leader", "CANCELLED")
+    w.reconcile()  # the leader ended: its extension is an orphan and is cancelled, not bob's copy of the tag
+
+
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("shrink_with_grace", "an idle 3-node job: the grace signal, then a shrink to 2 after grace_s",
              (JobSpec("idle", 3, util=5.0),), _shrink),
@@ -179,6 +205,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "signal, by its raw job id; component 0 untouched",
              (JobSpec("het", 1, util=5.0, script=HET_SCRIPT, het=("-N2", "--gres=gpu:2", "--time=30")),),
              _shrink),
+    Scenario("reconcile_dangling_grows", "a crashed controller's two grow intents, one with an extension job in "
+             "Slurm; bob's job carries a copy of the tag; the leader is then cancelled",
+             (JobSpec("leader", 1), JobSpec("ext", 1, elastic=False, tag_key="grow:{leader}:1"),
+              JobSpec("forged", 1, user="bob", elastic=False, tag_key="grow:{leader}:1")),
+             _reconcile, prepare=_dangling_grows),
     Scenario("silent_agent", "an idle 2-node job whose second node's agent never answers: no samples, no action",
              (JobSpec("idle", 2, util=5.0),), _watch, silent_nodes=(1,)),
 )}
@@ -331,6 +362,6 @@ def replay(name: str, agents_factory: Callable[[FakeClock], UtilAgents]) -> Repl
     world, store = build_world(scenario, commands, clock, agents_factory(clock), rec.jobs, rec.nodes,
                                rec.extension_env, wait=lambda _job, _state: None)
     world.check = runner.check
-    scenario.script(world)
+    scenario.play(world)
     runner.finish()
     return Replayed(world, store, runner, rec)

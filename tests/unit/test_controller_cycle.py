@@ -40,6 +40,7 @@ from tests.unit.storehelpers import FakeClock, memory_store
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 POLICY_TEXT = """
 version = 1
+moldable_start = false
 window_s = 10
 cooldown_s = 20
 grace_s = 5
@@ -252,25 +253,17 @@ def test_nodes_slurm_switched_off_or_is_booting_are_not_asked(world: tuple) -> N
     assert {a.node for a in store.agents.list_agents()} == {"n1", "n2"}
 
 
-# FakeSlurm: a crashed controller's dangling intents and a forged tag of another user need set-up state.
-def test_reconcile_resolves_dangling_grows_by_their_key(world: tuple) -> None:  # type: ignore[type-arg]
-    ctl, slurm, agents, clock, store = world
-    slurm.add_job(50, ["n1"])
-    found = store.journal.record_intent(job_id=50, kind=ActionKind.GROW, idempotency_key="grow:50:1", nodes=1)
-    lost = store.journal.record_intent(job_id=50, kind=ActionKind.GROW, idempotency_key="grow:50:2", nodes=1)
-    slurm.add_job(51, ["n2"], comment=ExtensionTag(50, "grow:50:1").render())
-    done = ctl.reconcile()
-    assert store.journal.get(found).state == ActionState.APPLIED
-    assert store.journal.get(lost).state == ActionState.ABORTED
-    assert store.jobs.extensions(50)[0].job_id == 51
-    assert len(done) == 2
-    # the leader ends: its extension is an orphan and is cancelled -- but not bob's job with a copied key
-    slurm.add_job(52, ["n3"], user="bob", comment=ExtensionTag(50, "grow:50:1").render())
-    ctl.run_cycle()  # the controller has seen job 50 (an elastic job of alice's)
-    slurm.jobs[50] = replace(slurm.jobs[50], state="COMPLETED")
-    ctl.reconcile()
-    assert ("cancel", 51) in slurm.calls
-    assert ("cancel", 52) not in slurm.calls
+def test_reconcile_resolves_dangling_grows_by_their_key() -> None:
+    r = _replay("reconcile_dangling_grows")
+    leader, ext, forged = r.rec.jobs["leader"], r.rec.jobs["ext"], r.rec.jobs["forged"]
+    found = r.store.journal.find_by_idempotency_key(f"grow:{leader}:1")
+    lost = r.store.journal.find_by_idempotency_key(f"grow:{leader}:2")
+    assert found is not None and found.state == ActionState.APPLIED
+    assert lost is not None and lost.state == ActionState.ABORTED
+    assert [e.job_id for e in r.store.jobs.extensions(leader, active_only=False)] == [ext]
+    assert len(r.world.reconciled[0]) == 2
+    # the leader ended: its extension is an orphan and is cancelled -- but not bob's job with a copied key
+    assert [c for c in _slurm_writes(r.runner) if c[0] == "scancel"] == [["scancel", str(ext)]], forged
 
 
 def test_grow_backs_off_after_extensions_die_on_their_own() -> None:
@@ -339,7 +332,7 @@ def _admit_world(backoff_s: int = 120) -> tuple[Controller, FakeSlurm, Agents, F
     agents = Agents(clock)
     policy = parse_config("version = 1\nwindow_s = 10\ncooldown_s = 10\ngrace_s = 4\nmin_samples = 3\n"
                           "max_metric_age_s = 30\nstartup_protection_s = 0\nmin_remaining_for_grow_s = 0\n"
-                          f"shrink_to_admit = true\nadmit_backoff_s = {backoff_s}\n")
+                          f"shrink_to_admit = true\nadmit_backoff_s = {backoff_s}\nmoldable_start = false\n")
     ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,
                      store=store, collector=agents, clock=clock, metrics=ControllerMetrics())
     slurm.add_job(10, ["n1", "n2", "n3"])
