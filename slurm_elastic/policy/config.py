@@ -31,7 +31,6 @@ unknown keys are errors (with a suggestion when one is close).
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import tomllib
@@ -41,6 +40,7 @@ from datetime import datetime
 from typing import Any, Literal, cast
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from slurm_elastic.configfile import suggest, with_lines
 from slurm_elastic.directives.options import SIGNALS
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy.model import ElasticUnit
@@ -368,7 +368,10 @@ def parse_config(text: str, source: str = "<policy config>") -> PolicyConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise PolicyConfigError(source, [f"not valid TOML: {exc}"]) from None
-    return config_from_mapping(data, source)
+    try:
+        return config_from_mapping(data, source)
+    except PolicyConfigError as exc:  # the text is known here: say on which line each problem is
+        raise PolicyConfigError(source, with_lines(exc.problems, text)) from None
 
 
 def config_from_mapping(data: Mapping[str, Any], source: str = "<policy config>") -> PolicyConfig:
@@ -447,11 +450,6 @@ def _windows(value: Any, path: str, problems: list[str]) -> tuple[Window, ...]:
     return tuple(out)
 
 
-def _suggest(name: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _layer_set(table: Mapping[str, Any], prefix: str, problems: list[str]) -> LayerSet:
     global_values: dict[str, Value] = {}
     scoped: dict[Scope, dict[str, Mapping[str, Value]]] = {s: {} for s in SCOPE_TABLES.values()}
@@ -471,7 +469,7 @@ def _layer_set(table: Mapping[str, Any], prefix: str, problems: list[str]) -> La
         else:
             where = "at the top level" if not prefix else f"in {prefix.rstrip('.')}"
             allowed = list(BY_NAME) + list(SCOPE_TABLES) + ([PROFILE_TABLE, *META_KEYS] if not prefix else [])
-            problems.append(f"{path}: unknown key {where}{_suggest(key, allowed)}")
+            problems.append(f"{path}: unknown key {where}{suggest(key, allowed)}")
     return LayerSet(global_values, scoped[Scope.PARTITION], scoped[Scope.ACCOUNT], scoped[Scope.QOS])
 
 
@@ -481,7 +479,7 @@ def _layer(table: Mapping[str, Any], scope: Scope, prefix: str, problems: list[s
         path = f"{prefix}{key}"
         keydef = BY_NAME.get(key)
         if keydef is None:
-            problems.append(f"{path}: unknown key{_suggest(key, BY_NAME)}")
+            problems.append(f"{path}: unknown key{suggest(key, BY_NAME)}")
             continue
         checked = _check_value(keydef, value, scope, path, problems)
         if checked is not None:

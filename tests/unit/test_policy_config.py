@@ -158,6 +158,15 @@ def test_invalid_config_is_rejected_clearly(text: str, problem: str) -> None:
     assert any(problem in p for p in err.value.problems), err.value.problems
 
 
+def test_problems_say_on_which_line_of_the_file_the_key_is() -> None:
+    text = "version = 1\n# comment\nstep = 0\n\n[partition.gpu]\ncooldwn_s = 5\n[profile.night]\nwindow_s = 1\n"
+    with pytest.raises(PolicyConfigError) as err:
+        parse_config(text, source="site.toml")
+    lines = sorted(err.value.problems)
+    assert lines[0].startswith("line 3: step: ") and lines[1].startswith("line 6: partition.gpu.cooldwn_s: ")
+    assert lines[2].startswith("line 8: profile.night.window_s: "), lines
+
+
 def test_all_problems_are_reported_at_once() -> None:
     with pytest.raises(PolicyConfigError) as err:
         parse_config("version = 1\nstep = 0\nwindow_s = 1\nbogus = 1")
@@ -232,7 +241,8 @@ def test_decide_applies_the_profile_in_force() -> None:
 def test_bad_windows_are_config_errors(window: str, problem: str) -> None:
     with pytest.raises(PolicyConfigError) as err:
         parse_config(f'version = 1\n[profile.p]\nwindows = ["{window}"]\n')
-    assert any(problem in p and p.startswith("profile.p.windows:") for p in err.value.problems), err.value.problems
+    problems = err.value.problems
+    assert any(problem in p and p.startswith("line 3: profile.p.windows:") for p in problems), problems
 
 
 def test_window_grammar() -> None:

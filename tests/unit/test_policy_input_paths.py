@@ -34,7 +34,7 @@ from slurm_elastic.policy import (
 )
 from slurm_elastic.policy.inputs import PolicyInputBuilder, Sample, UnitMeasure, window_start
 from slurm_elastic.sim.config import SimConfig
-from slurm_elastic.sim.elastic import ClusterSnapshot, JobView, NodeView
+from slurm_elastic.sim.elastic import JobView, NodeView, SimClusterState
 from slurm_elastic.sim.policy_adapter import AdapterSettings, ProductionPolicy, at
 from slurm_elastic.slurm.model import ClusterSnapshot as SlurmSnapshot
 from tests.unit.policy_builders import job as policy_job
@@ -50,6 +50,7 @@ min_samples = 3
 scale_down_below = 40
 scale_up_above = 80
 shrink_to_admit = false
+moldable_start = false
 cooldown_s = 300
 grace_s = 90
 startup_protection_s = 0
@@ -69,7 +70,7 @@ def _view(job_id: str, nodes: tuple[int, ...], util: float) -> JobView:
                    last_resize_time=None, restarting_until=None, account="nlp")
 
 
-def _cluster(now: float, util_a: float, util_b: float) -> ClusterSnapshot:
+def _cluster(now: float, util_a: float, util_b: float) -> SimClusterState:
     waiting = JobView(job_id="c", state="PENDING", submit_time=0.0, start_time=None, requested_gpus=2 * GPUS,
                       num_nodes=0, num_gpus=0, nodes=(), gpus_per_node=(), min_nodes=1, max_nodes=2, gpu_util=0.0,
                       throughput=0.0, progress=0.0, resizes=0, last_resize_time=None, restarting_until=None,
@@ -77,7 +78,7 @@ def _cluster(now: float, util_a: float, util_b: float) -> ClusterSnapshot:
     jobs = (_view("a", (0, 1), util_a), _view("b", (2,), util_b), waiting)
     holders = {0: ("a",), 1: ("a",), 2: ("b",), 3: ()}
     nodes = tuple(NodeView(i, GPUS, 0 if holders[i] else GPUS, holders[i]) for i in range(4))
-    return ClusterSnapshot(now=now, gpus_per_node=GPUS, total_gpus=4 * GPUS, free_gpus=GPUS, nodes=nodes, jobs=jobs)
+    return SimClusterState(now=now, gpus_per_node=GPUS, total_gpus=4 * GPUS, free_gpus=GPUS, nodes=nodes, jobs=jobs)
 
 
 @dataclass
