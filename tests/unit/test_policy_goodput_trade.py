@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -155,3 +156,14 @@ def test_no_move_from_a_unit_past_its_time_limit() -> None:
     inp = make_input([r, d], nodes(4, busy=["n1", "n2", "n3", "n4"]), utils=[util(100, 95), util(200, 45)])
     ds = {x.unit_id: x for x in decide(inp, cfg(speedup_growth=True, goodput_moves=True), NOW)}
     assert ds[200].action is Action.HOLD and ds[200].inputs["last_node_loss_s"] is None
+
+
+def test_no_move_from_a_unit_at_or_below_the_size_it_asked_for() -> None:
+    # moves trade what units grew into, never a job's request (measured: taking nodes below their request from the
+    # long many-node jobs, one per cooldown, cost workload-6's p99 +39%)
+    r = unit(job(100, nodes=("n1",), time_limit_min=600))
+    for asked, moves in ((3, False), (4, False), (2, True)):
+        d = replace(unit(job(200, nodes=("n2", "n3", "n4"), time_limit_min=600)), requested_nodes=asked)
+        inp = make_input([r, d], nodes(4, busy=["n1", "n2", "n3", "n4"]), utils=[util(100, 95), util(200, 45)])
+        ds = {x.unit_id: x for x in decide(inp, cfg(speedup_growth=True, goodput_moves=True), NOW)}
+        assert (ds[200].reason is Reason.GOODPUT_MOVE) is moves, asked
