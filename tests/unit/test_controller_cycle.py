@@ -8,6 +8,7 @@ controller test modules import it too."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -232,7 +233,24 @@ def test_a_replay_fails_on_a_command_its_recording_lacks() -> None:
         short.finish()
 
 
-# FakeSlurm: a node caught mid-boot (POWERING_UP) for a whole cycle is a race on the live cluster.
+def test_nodes_slurm_switched_off_are_not_asked() -> None:
+    """The test cluster's cold nodes (n5, n6) are powered down in the recordings: no agent is asked there."""
+    asked: list[set[str]] = []
+
+    class Asked(Agents):
+        def __call__(self, agents: Mapping[str, str]) -> CollectResult:
+            asked.append(set(agents))
+            return super().__call__(agents)
+
+    rec = Recording.load(SCENARIO_DIR / "shrink_with_grace.json")
+    sinfo = next(c for c in rec.commands if c["argv"][:2] == ["sinfo", "--json"])
+    off = {n["name"] for n in json.loads(sinfo["stdout"])["nodes"] if "POWERED_DOWN" in n.get("state_flags", [])}
+    assert off == {"n5", "n6"}
+    replay("shrink_with_grace", Asked)
+    assert asked and all(a == {"n1", "n2", "n3", "n4"} for a in asked), asked
+
+
+# FakeSlurm: a node caught mid-boot (POWERING_UP) for whole cycles is a race on the live cluster.
 def test_nodes_slurm_switched_off_or_is_booting_are_not_asked(world: tuple) -> None:  # type: ignore[type-arg]
     ctl, slurm, agents, clock, store = world
     slurm.nodes[2] = replace(slurm.nodes[2], state_flags=("CLOUD", "POWERED_DOWN"))
