@@ -7,7 +7,8 @@ Rules (docs/directives.md has the user's version):
   character other than space, tab, CR, VT or FF is not ``#``. Blank lines, ``#!``, ``#SBATCH`` and other
   comments belong to the block. ``#ELASTIC`` lines after the first command are ignored, with a warning.
 - A directive line starts with exactly ``#ELASTIC`` in column 1, followed by a space, a tab or the end of the
-  line. Its words are separated by spaces and tabs; a word starting with ``#`` starts a trailing comment.
+  line. Its words are separated by spaces and tabs; a word starting with ``#`` starts a trailing comment; a
+  word may be quoted (``'...'``, ``"..."``, no escapes; directives/words.py), as ``--prewarm`` needs.
 - Options are long options only, written ``--opt VALUE`` or ``--opt=VALUE``; ``--no-grow``/``--no-shrink``
   take no value. No abbreviations. Unknown options are errors.
 - ``--het-group N`` makes the options on its line apply to component N of a heterogeneous job. Lines without
