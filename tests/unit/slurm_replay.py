@@ -10,6 +10,8 @@ test on any command the recording does not have at that point (the adapter chang
 
 Only GPUs are simulated, as in the cluster tests: utilization comes from an in-process agents stand-in, the
 clock is a fake one that both runs advance by the same steps, so the controller decides the same way twice.
+The jobs' working directory is /tmp, which is root's: the controller writes no resize notice and reads no job
+file there for alice's or bob's jobs, in either run (controller/notices.py, goodput.py refuse it).
 """
 
 from __future__ import annotations
