@@ -32,6 +32,7 @@ from slurm_elastic.vgpu.statefile import StateFile
 
 REPO = Path(__file__).resolve().parents[1]
 POLICY = """version = 1
+moldable_start = false
 scale_up_above = 80
 scale_down_below = 40
 window_s = 20

@@ -98,9 +98,10 @@ class Reason(enum.StrEnum):
     COLD_START = "COLD_START"
 
 
-#: Reasons the controller's shell records (controller/losses.py) and ``decide()`` never returns.
+#: Reasons ``decide()`` never returns: what the controller's shell records (controller/losses.py), and moldable
+#: start's, decided for a waiting job by policy/moldable.py after ``decide()``.
 SHELL_REASONS = frozenset({Reason.PREEMPTED_BY_SLURM, Reason.NODE_FAILURE, Reason.RESUME_FAILED,
-                           Reason.PREWARM_FAILED, Reason.COLD_START})
+                           Reason.PREWARM_FAILED, Reason.COLD_START, Reason.MOLDABLE_START})
 
 #: One line per reason, for docs/policy.md and ``explain --reasons``.
 REASON_DOCS: dict[Reason, str] = {

@@ -200,7 +200,7 @@ KEYS: tuple[KeyDef, ...] = (
            "restart costs and its marginal efficiency is at least goodput_min_marginal_efficiency, whatever "
            "its utilization band says; spare nodes go to the largest saving first (SPEEDUP_GAIN, "
            "LOW_SPEEDUP_GAIN)"),
-    KeyDef("moldable_start", Kind.BOOL, False, None, None, ALL_SCOPES,
+    KeyDef("moldable_start", Kind.BOOL, True, None, None, ALL_SCOPES,
            "moldable start: a pending elastic job (resolved for its partition, account and QOS) that cannot "
            "start at its request but whose #ELASTIC min fits the free whole nodes is reshaped to start now on "
            "them, with its time limit scaled by request / size; it keeps its request as its max and grows "

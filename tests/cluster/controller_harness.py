@@ -20,12 +20,13 @@ from tests.cluster.harness import RELEASE, TestCluster
 
 # Small numbers so a test sees a whole resize in seconds; the rules are the production ones.
 # The cluster tests were written for the 40..80 band without shrink-to-admit; they say so rather than rely on
-# the packaged defaults. A test of shrink-to-admit switches it on.
+# the packaged defaults (nor on moldable start, a packaged default too). A test of shrink-to-admit switches it on.
 TEST_POLICY = """
 version = 1
 scale_up_above = 80
 scale_down_below = 40
 shrink_to_admit = false
+moldable_start = false
 window_s = 10
 cooldown_s = 15
 grace_s = 3

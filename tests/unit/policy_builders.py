@@ -211,8 +211,9 @@ def make_input(
 
 
 #: What the rule tests were written against, set explicitly so that a change of the packaged defaults does not
-#: change what they test: the 40..80 band, no shrink-to-admit (tests of that rule switch it on).
-RULE_TEST_BASE: dict[str, Any] = {"scale_up_above": 80, "scale_down_below": 40, "shrink_to_admit": False}
+#: change what they test: the 40..80 band, no shrink-to-admit, no moldable start (tests of a rule switch it on).
+RULE_TEST_BASE: dict[str, Any] = {"scale_up_above": 80, "scale_down_below": 40, "shrink_to_admit": False,
+                                   "moldable_start": False}
 
 
 def cfg(**values: Any) -> PolicyConfig:

@@ -17,7 +17,7 @@ from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
 from tests.unit.storehelpers import FakeClock, memory_store
 from tests.unit.test_controller_cycle import POLICY_TEXT, T0, Agents, FakeSlurm, run
 
-MOLDABLE = parse_config(POLICY_TEXT + "moldable_start = true\nstep = 2\n")
+MOLDABLE = parse_config(POLICY_TEXT.replace("moldable_start = false", "moldable_start = true") + "step = 2\n")
 ELASTIC = "#!/bin/bash\n#ELASTIC --min-nodes 1\nsrun train\n"  # no --max-nodes: the request is the max
 
 
@@ -98,7 +98,7 @@ def test_dry_run_records_the_mold_and_never_calls_slurm() -> None:
     assert d.reason == "MOLDABLE_START" and d.dry_run
 
 
-def test_off_by_default_nothing_is_molded() -> None:
+def test_switched_off_nothing_is_molded() -> None:
     ctl, slurm, agents, clock, store = _world()
     ctl.policy = parse_config(POLICY_TEXT)
     run(ctl, clock, 2)
@@ -130,3 +130,10 @@ def test_the_journal_finds_many_keys_in_one_call() -> None:
     found = store.journal.find_by_idempotency_keys([f"mold:{j}" for j in range(0, 1200)] + ["mold:1"])
     assert {k: a.id for k, a in found.items()} == ids
     assert store.journal.find_by_idempotency_keys([]) == {}
+
+
+def test_a_policy_that_does_not_name_it_gets_the_packaged_default_on() -> None:
+    ctl, slurm, agents, clock, store = _world()
+    ctl.policy = parse_config(POLICY_TEXT.replace("moldable_start = false\n", ""))
+    run(ctl, clock, 1)
+    assert ("mold", (50, 2, 4, 1200)) in slurm.calls

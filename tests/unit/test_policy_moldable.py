@@ -48,7 +48,7 @@ def test_controller_molds_a_waiting_elastic_job_in_priority_order_when_switched_
     high = pending(21, count=4, priority=900, time_limit_min=60)
     snap = snapshot([running, low, high], all_nodes)
     pend = [(low, spec(min_nodes=1)), (high, spec(min_nodes=2))]
-    assert decide_molds(snap, pend, cfg()) == []  # off by default
+    assert decide_molds(snap, pend, cfg()) == []  # off in the rule tests' base
     molds = decide_molds(snap, pend, cfg(moldable_start=True))
     assert [(m.candidate.job_id, m.nodes, m.time_limit_add_s) for m in molds] == [(21, 2, 3600)]
     # the nodes this cycle's grows take are not free (one left: below 21's min, 20 gets it, as in the
@@ -94,3 +94,9 @@ def test_controller_counts_nodes_backfill_planned_for_a_waiting_job_as_free() ->
     assert m.nodes == 2
     draining = nodes(2, prefix="p", flags=("PLANNED", "DRAIN"))
     assert decide_molds(snapshot([waiting], draining), [(waiting, spec(min_nodes=1))], cfg(moldable_start=True)) == []
+
+
+def test_moldable_start_is_a_packaged_default() -> None:
+    from slurm_elastic.policy import default_config
+
+    assert default_config().resolve("moldable_start").value is True

@@ -183,9 +183,11 @@ def test_one_policy_per_run_and_settings_are_checked() -> None:
     assert adapter.at(90.0) == datetime(2024, 1, 1, 0, 1, 30, tzinfo=UTC)
 
 
-def test_cli_moldable_start_changes_only_the_elastic_column() -> None:
+def test_cli_moldable_start_changes_only_the_elastic_column(tmp_path: Path) -> None:
+    off = tmp_path / "off.toml"  # sim-policy.toml has moldable_start on (a packaged default): here it is off
+    off.write_text(SIM_POLICY.read_text().replace("moldable_start = true", "moldable_start = false"))
     args = ["simulate", _workload(), "--format", "pollux", "--nodes", "16", "--gpus-per-node", "4",
-            "--policy", str(SIM_POLICY), "--json"]
+            "--policy", str(off), "--json"]
     plain = CliRunner().invoke(main, args)
     molded = CliRunner().invoke(main, [*args, "--moldable-start"])
     assert plain.exit_code == 0 and molded.exit_code == 0, molded.output
