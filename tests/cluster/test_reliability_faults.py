@@ -55,6 +55,7 @@ version = 1
 scale_up_above = 80
 scale_down_below = 40
 shrink_to_admit = false
+moldable_start = false
 window_s = 10
 cooldown_s = 5
 grace_s = 1
