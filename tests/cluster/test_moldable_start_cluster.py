@@ -43,7 +43,7 @@ def test_a_waiting_elastic_job_is_molded_starts_on_fewer_nodes_and_grows_back(st
     wait_until("the elastic job to wait on Resources", lambda: (j := cluster.job(job)) is not None
                and j.state == "PENDING" and j.state_reason == "Resources", 30)
     cfg = controller_config(tmp_path, stack)
-    (tmp_path / "policy.toml").write_text(TEST_POLICY + "moldable_start = true\n")
+    (tmp_path / "policy.toml").write_text(TEST_POLICY.replace("moldable_start = false", "moldable_start = true"))
     with running_controller(cluster, cfg) as ctl:
         (mold,) = ctl.wait_applied(job, ActionKind.MOLD, 1, timeout=30)
         cluster.wait_state(job, {"RUNNING"}, timeout=30)
