@@ -76,13 +76,13 @@ def test_an_mps_job_starts_and_stops_its_gpus_mps_daemon(cluster: TestCluster, m
                           or None)
     gpu = int(gpu_dir.name.removeprefix("gpu"))
     assert (gpu_dir / "jobs" / str(job)).read_text() == f"{uid} 50\n"
-    assert (gpu_dir / "pipe" / "fake-daemon").exists()
     started = ["get_server_list", f"-d CUDA_VISIBLE_DEVICES={gpu}", "set_default_active_thread_percentage 50",
                f"start_server -uid {uid}"]
-    # The prolog writes the job file and starts the daemon before it sends the last commands: wait for them
-    # (CI once read the log after the first two).
+    # The prolog writes the job file, then starts the daemon, then sends the last commands: wait for them (CI
+    # once read the log after the first two, and once looked for the daemon right after the job file appeared).
     wait_for("the prolog's MPS commands", lambda: True if len(commands(mps, gpu)) >= len(started) else None, 30)
     assert commands(mps, gpu) == started
+    assert (gpu_dir / "pipe" / "fake-daemon").exists()
     final = wait_for(f"job {job} to end", lambda: s if (s := state(cluster, job)) not in
                      ("RUNNING", "PENDING", "COMPLETING", "CONFIGURING") else None)
     assert final == "COMPLETED"
