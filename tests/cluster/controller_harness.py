@@ -145,6 +145,21 @@ class ControllerProcess:
                    timeout if timeout is not None else 30 + 3 * n * INTERVAL_S, self)
         print(f"\n{n} full controller cycles after cycle {mark}: {time.monotonic() - t0:.1f}s")
 
+    def wait_settled(self, n: int = 3, timeout: float = 120) -> None:
+        """Wait until ``n`` whole cycles pass without a new journal row. A cycle stores each job's size before it
+        acts, so after a cycle that acted the store is one look behind Slurm; after ``n`` quiet cycles it holds
+        what Slurm has. (Right after a fault the window may still hold old samples, and one more decision may
+        come: counting cycles alone raced with it on a loaded machine.)"""
+        deadline = time.monotonic() + timeout
+        while True:
+            before = len(self.actions())
+            self.wait_cycles(n)
+            if len(self.actions()) == before:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the controller still acted after {timeout:.0f}s of calm:\n"
+                                     f"{self.log_text()[-3000:]}")
+
 
 @contextlib.contextmanager
 def running_controller(cluster: TestCluster, config: Path, *, crash_at: str | None = None,

@@ -139,7 +139,7 @@ def test_crash_storm_leaves_no_orphans_duplicates_or_open_intents(
         wait_until("no pending extension", lambda: not any(
             parse_tag(str(j.get("comment") or "")) and j.get("job_state") not in {"RUNNING"}
             and j.get("job_state") in ACTIVE for j in squeue_jobs(cluster)), 60, ctl)
-        ctl.wait_cycles(3)  # a few cycles record the settled sizes
+        ctl.wait_settled()  # quiet cycles: the store holds the sizes Slurm has
         actions = ctl.actions()
         st = ctl.store()
         try:
