@@ -149,8 +149,18 @@ def restore_node(cluster: TestCluster, slurm_conf: str, gres_conf: str, was_drai
     daemons.stop_slurmd(NODE)
     daemons.restart_slurmctld()
     daemons.start_slurmd(NODE)
-    wait_for("n4 back with Gres=gpu:4,mps:400",
-             lambda: True if gres_summary(_gres(cluster)) == gres_summary(ORIGINAL_GRES) else None)
+
+    def back() -> bool | None:
+        return True if gres_summary(_gres(cluster)) == gres_summary(ORIGINAL_GRES) else None
+
+    try:
+        wait_for("n4 back with Gres=gpu:4,mps:400", back, timeout=60)
+    except AssertionError:
+        # Seen once on 26.05 under load: a slurmctld that had just re-executed itself for a reconfigure had not yet
+        # rewritten its pid file, so the restart started a second one, which exited ("Address already in use"),
+        # and the old one kept the MIG config. A reconfigure makes the running one read the restored files.
+        cluster.run(["scontrol", "reconfigure"])
+        wait_for("n4 back with Gres=gpu:4,mps:400 after a reconfigure", back)
     if not was_drained:
         cluster.run(["scontrol", "update", f"NodeName={NODE}", "State=RESUME"])
 
