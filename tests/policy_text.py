@@ -24,6 +24,12 @@ CLUSTER: Mapping[str, PolicyValue] = {
     **FAST, "scale_up_above": 80, "scale_down_below": 40, "shrink_to_admit": False, "moldable_start": False,
     "cooldown_s": 15, "grace_s": 3, "max_metric_age_s": 12,
 }
+# The simulator's shrink-to-admit scenarios (tests/unit/test_sim_*.py): one sample decides, no cooldown, a
+# 120 s grace period; each scenario sets the scale-up threshold it needs.
+SIM_ADMIT: Mapping[str, PolicyValue] = {
+    "scale_down_below": 10, "window_s": 60, "min_samples": 1, "startup_protection_s": 0, "cooldown_s": 0,
+    "shrink_to_admit": True, "grace_s": 120,
+}
 
 
 def _toml(value: PolicyValue) -> str:
