@@ -1,9 +1,9 @@
-"""The real Controller under faults it cannot see coming (docs/reliability.md, rows F4-F5), with the in-memory
-Slurm of tests/unit/test_controller_cycle.py and a real SQLite database:
+"""The real Controller under faults it cannot see coming (docs/reliability.md, rows F4-F5):
 
-* F4 Slurm refuses an action (the job ended between decision and action, a node is down, "DB index is being
-  set"): the outcome is recorded with Slurm's message, only a transient failure is tried again, and the cycle
-  carries on for the other jobs.
+* F4 Slurm refuses an action (the job ended between decision and action, a request the cluster cannot satisfy,
+  slurmctld out of reach): the outcome is recorded with Slurm's message, only a transient failure is tried again,
+  and the cycle carries on for the other jobs. These replay the real SlurmCli on replies recorded from the live
+  test cluster, the refusals included (tests/unit/reliability_scenarios.py), as does the bug 7 crash test.
 * F5 DB trouble: a locked SQLite file and a full file system (a 1 MiB tmpfs, for real): no action without its
   durably journaled intent, a clear error, recovery once the lock goes or space returns.
 """
@@ -14,48 +14,24 @@ import logging
 import os
 import sqlite3
 import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.cycle import Controller
-from slurm_elastic.slurm.errors import SlurmCommandError, SlurmJobNotFoundError, SlurmTransientError
-from slurm_elastic.slurm.model import Job
 from slurm_elastic.slurm.runner import subprocess_runner
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState
+from tests.unit.reliability_scenarios import refused
+from tests.unit.slurm_replay import Replayed, replay
 from tests.unit.storehelpers import FakeClock, file_store, memory_store
 from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
 from tests.unit.test_store_failures import tiny_fs  # noqa: F401 - the 1 MiB tmpfs fixture
 
 
-class RefusingSlurm(FakeSlurm):
-    """FakeSlurm whose submit/shrink fail with a given Slurm error, per job id."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        super().__init__(clock)
-        self.refuse_submit: dict[int, SlurmCommandError] = {}
-        self.refuse_shrink: dict[int, SlurmCommandError] = {}
-
-    def submit_as(self, user: str, script: str, sbatch_args: Sequence[str],
-                  env: Mapping[str, str] | None = None) -> int:
-        parent = next(int(a.rsplit("-", 1)[1]) for a in sbatch_args if a.startswith("--job-name=elastic-ext-"))
-        if parent in self.refuse_submit:
-            self.calls.append(("refused-submit", parent))
-            raise self.refuse_submit[parent]
-        return super().submit_as(user, script, sbatch_args, env)
-
-    def shrink(self, job: Job, keep_nodes: Sequence[str]) -> None:
-        if job.job_id in self.refuse_shrink:
-            self.calls.append(("refused-shrink", job.job_id))
-            raise self.refuse_shrink[job.job_id]
-        super().shrink(job, keep_nodes)
-
-
-def _controller(store: SqlStore, clock: FakeClock) -> tuple[Controller, RefusingSlurm, Agents]:
-    slurm = RefusingSlurm(clock)
+def _controller(store: SqlStore, clock: FakeClock) -> tuple[Controller, FakeSlurm, Agents]:
+    slurm = FakeSlurm(clock)
     agents = Agents(clock)
     ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
                      store=store, collector=agents, clock=clock)
@@ -68,62 +44,54 @@ def _busy(slurm: FakeSlurm, agents: Agents, job_id: int, nodes: list[str], util:
         agents.util[(n, job_id)] = util
 
 
-# --- F4: Slurm refuses ----------------------------------------------------------------------------------------------
+# --- F4: Slurm refuses (replies recorded from the live cluster: tests/unit/reliability_scenarios.py) -----------------
+def _replay(name: str) -> Replayed:
+    return replay(name, Agents)
+
+
+def _submits(r: Replayed) -> list[list[str]]:
+    """The extension sbatches the cluster took (a refused one is served as the request that replaced it)."""
+    return [c for c in r.runner.ran("runuser") if any(a.startswith("--job-name=elastic-ext-") for a in c)]
+
+
 def test_grow_refused_for_good_is_recorded_with_slurms_message_and_others_carry_on() -> None:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    ctl, slurm, agents = _controller(store, clock)
-    _busy(slurm, agents, 10, ["n1"])
-    _busy(slurm, agents, 11, ["n3"])
-    msg = "sbatch: error: Batch job submission failed: Requested node configuration is not available"
-    slurm.refuse_submit[10] = SlurmCommandError(["sbatch"], 1, msg)
-    run(ctl, clock, 8)
-    (failed, *_) = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
+    r = _replay("grow_refused")
+    ok, refused_job = r.rec.jobs["ok"], r.rec.jobs["refused"]
+    (failed, *_) = [a for a in r.store.journal.list_actions(job_id=refused_job) if a.kind == ActionKind.GROW]
     assert failed.state == ActionState.FAILED and "Requested node configuration is not available" in failed.message
-    assert [a.state for a in store.journal.list_actions(job_id=11)] == [ActionState.APPLIED]  # the other job grew
-    assert [c for c in slurm.calls if c[0] == "refused-submit"].count(("refused-submit", 10)) == len(
-        [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW])  # one try per intent
+    assert [a.state for a in r.store.journal.list_actions(job_id=ok)] == [ActionState.APPLIED]  # the other grew
+    assert [e.job_id for e in r.store.jobs.extensions(ok)] == [r.rec.jobs["ext"]]
+    assert len(refused(r.world)) == len(  # one try per intent
+        [a for a in r.store.journal.list_actions(job_id=refused_job) if a.kind == ActionKind.GROW])
 
 
-def test_grow_refused_transiently_is_not_duplicated_and_resolves() -> None:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    ctl, slurm, agents = _controller(store, clock)
-    _busy(slurm, agents, 10, ["n1"])
-    slurm.refuse_submit[10] = SlurmTransientError(["sbatch"], 1, "sbatch: error: DB index is being set, retry")
-    run(ctl, clock, 8)
-    first = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW][0]
-    assert "DB index is being set" in (first.message or "")
-    del slurm.refuse_submit[10]  # Slurm is fine again
-    for _ in range(12):
-        ctl.reconcile()
-        run(ctl, clock, 1)
-    grows = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
+def test_grow_refused_transiently_is_not_duplicated_and_resolves(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    r = _replay("grow_refused_transiently")
+    busy = r.rec.jobs["busy"]
+    grows = sorted((a for a in r.store.journal.list_actions(job_id=busy) if a.kind == ActionKind.GROW),
+                   key=lambda a: a.id)
+    assert len(refused(r.world)) == 1
+    assert "grow failed: sbatch: error: Batch job submission failed: Unable to contact slurm controller" in caplog.text
+    assert grows[0].state == ActionState.ABORTED  # reconcile: no extension job carries its key
     assert all(a.state not in {ActionState.INTENT, ActionState.IN_PROGRESS} for a in grows[:-1])
     assert [a.state for a in grows].count(ActionState.APPLIED) == 1
-    assert len([c for c in slurm.calls if c[0] == "submit"]) == 1  # exactly one extension, no duplicate
+    assert len(_submits(r)) == 1  # exactly one extension, no duplicate
 
 
-@pytest.mark.parametrize(("error", "expected"), [
-    (SlurmJobNotFoundError(["scontrol"], 1, "slurm_update error: Invalid job id specified"), ActionState.FAILED),
-    (SlurmCommandError(["scontrol"], 1, "slurm_update error: Requested node configuration is not available"),
-     ActionState.FAILED),
-])
-def test_shrink_refused_records_slurms_message(error: SlurmCommandError, expected: ActionState) -> None:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    ctl, slurm, agents = _controller(store, clock)
-    _busy(slurm, agents, 20, ["n1", "n2", "n3"], util=5.0)
-    _busy(slurm, agents, 21, ["n4"])
-    slurm.refuse_shrink[20] = error
-    run(ctl, clock, 12)
-    shrinks = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.SHRINK]
-    assert shrinks and shrinks[0].state == expected and error.message in (shrinks[0].message or "")
-    assert slurm.calls.count(("refused-shrink", 20)) == 1  # not retried: not transient
+def test_shrink_refused_records_slurms_message() -> None:
+    """The job ended between decision and action: Slurm says "Invalid job id specified"; not transient, so the
+    shrink fails once, is not tried again, and the cycles go on for the other job."""
+    r = _replay("shrink_refused_job_gone")
+    idle, busy = r.rec.jobs["idle"], r.rec.jobs["busy"]
+    shrinks = [a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK]
+    assert shrinks and shrinks[0].state == ActionState.FAILED
+    assert "Invalid job id specified" in (shrinks[0].message or "")
+    assert len(refused(r.world)) == 1  # not retried: not transient
     refused_at = max(a.finished_at or a.created_at for a in shrinks)
-    cycle = store.decisions.last_cycle()  # the cycles went on, job 21 decided in each (its holds stored by change)
+    cycle = r.store.decisions.last_cycle()  # the cycles went on, the busy job decided in each (holds by change)
     assert cycle is not None and cycle.started_at > refused_at and cycle.error is None and cycle.decisions == 2
-    assert store.decisions.last_decisions(21, 1)
+    assert r.store.decisions.last_decisions(busy, 1)
 
 
 # --- F5: DB trouble -------------------------------------------------------------------------------------------------
@@ -224,39 +192,20 @@ def test_extension_pending_on_a_dead_node_is_cancelled_and_the_job_grows_elsewhe
 
 
 # --- bug 7: a crash between the shrink intent and its grace signal --------------------------------------------
-class _Killed(BaseException):
-    """Stands for SIGKILL at a fault-hook step (nothing in the controller catches it)."""
-
-
 def test_shrink_after_a_crash_before_the_grace_signal_never_takes_nodes_unwarned() -> None:
     """Regression (found while arming the crash hook in the F1 crash storm): killed at shrink:after-intent, the
-    restarted controller carried out the shrink after the deadline although the job never got its grace signal."""
-    from slurm_elastic.controller.actuator import Actuator
-
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm = RefusingSlurm(clock)
-    agents = Agents(clock)
-    _busy(slurm, agents, 20, ["n1", "n2", "n3"], util=5.0)
-
-    def crash(step: str) -> None:
-        if step == "shrink:after-intent":
-            raise _Killed(step)
-
-    cfg = ControllerConfig(interval_s=2.0, holder="test")
-    first = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents, clock=clock,
-                       actuator=Actuator(slurm, store, {}, fault=crash))
-    with pytest.raises(_Killed):
-        run(first, clock, 12)
-    (intent,) = store.journal.open_actions(20)
-    assert intent.state == ActionState.INTENT and not any(c[0] == "signal" for c in slurm.calls)
-    restarted = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents,
-                           clock=clock)
-    run(restarted, clock, 20)
-    kinds = [c[0] for c in slurm.calls if c[0] in {"signal", "shrink"}]
+    restarted controller carried out the shrink after the deadline although the job never got its grace signal.
+    Replayed: the controller is killed at that step, a new one on the same database carries on."""
+    r = _replay("shrink_crash_before_signal")
+    idle = r.rec.jobs["idle"]
+    writes = [c for c in r.runner.calls if c[0] == "scancel" or c[:2] == ["scontrol", "update"]]
+    kinds = ["signal" if c[0] == "scancel" else "shrink" for c in writes if c[0] == "scancel" or any(
+        a.startswith("NodeList=") for a in c)]
     assert "shrink" in kinds  # it did shrink in the end ...
     assert kinds.index("signal") < kinds.index("shrink")  # ... but only after the job was warned
-    assert store.journal.get(intent.id).state == ActionState.ABORTED
+    first = min((a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK),
+                key=lambda a: a.id)
+    assert first.state == ActionState.ABORTED  # the intent the killed controller left
 
 
 def test_scheduler_overlap_warnings_are_rate_limited_with_a_count() -> None:
