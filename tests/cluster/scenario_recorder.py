@@ -17,7 +17,11 @@ from typing import Any
 from slurm_elastic.controller.extension import ExtensionTag
 from slurm_elastic.slurm.runner import CommandResult, RetryPolicy, SlurmCommands, subprocess_runner
 from tests.cluster.harness import TestCluster
-from tests.unit import resize_scenarios  # noqa: F401 - registers its scenarios in SCENARIOS
+from tests.unit import (
+    controller_scenarios,  # noqa: F401 - registers its scenarios in SCENARIOS
+    reliability_scenarios,  # noqa: F401 - registers its scenarios in SCENARIOS
+    resize_scenarios,  # noqa: F401 - registers its scenarios in SCENARIOS
+)
 from tests.unit.slurm_replay import (
     RELEASE,
     SCENARIO_DIR,
