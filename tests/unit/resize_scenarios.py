@@ -8,6 +8,7 @@ first replies, for tests that need real Slurm jobs and nodes but no Slurm behavi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from slurm_elastic.slurm.errors import SlurmError
@@ -97,9 +98,11 @@ for _s in (
     SCENARIOS.setdefault(_s.name, _s)
 
 
+@functools.cache
 def recorded_snapshot(name: str = "shrink_with_grace") -> ClusterSnapshot:
-    """The first snapshot of recording ``name``, parsed by the real :class:`SlurmCli` (its jobs and nodes as
-    the live cluster had them: shrink_with_grace holds alice's 3-node job on n1-n3, n4 idle, n5, n6 cold)."""
+    """The first snapshot of recording ``name``, parsed once by the real :class:`SlurmCli` (it is immutable): its
+    jobs and nodes as the live cluster had them (shrink_with_grace: alice's 3-node job on n1-n3, n4 idle, n5 and
+    n6 cold)."""
     cli, runner = recorded_cli(name)
     snap = cli.snapshot()
     runner.check()
