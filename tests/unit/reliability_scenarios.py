@@ -1,5 +1,5 @@
-"""Recorded controller scenarios under faults (docs/reliability.md F4, bug 7) and on a metrics source that goes
-away (tests/unit/test_prometheus_source.py); not a test module.
+"""Recorded controller scenarios under faults (docs/reliability.md F4, F5's locked database, bug 7) and on a
+metrics source that goes away (tests/unit/test_prometheus_source.py); not a test module.
 
 Registered in slurm_replay.SCENARIOS on import, so ``scripts/record-slurm-scenarios NAME`` records them and
 :func:`slurm_replay.replay` plays them. Slurm refusing an action cannot be had on demand from a healthy cluster, so
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import sqlite3
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.runner import CommandResult, CommandRunner
 from tests.unit.slurm_replay import SCENARIOS, JobSpec, Scenario, World
+from tests.unit.storehelpers import file_store
 
 GPU_NODES = ("n1", "n2", "n3", "n4")  # the test cluster's GPU nodes (n5, n6 are cold, powered down)
 UNKNOWN_JOB = 987654321  # no job of the test cluster has this id
@@ -144,6 +146,28 @@ def _crash_before_signal(w: World) -> None:
     w.cycles(20)
 
 
+DB_DIRS: list[Path] = []  # the file databases of the runs of db_locked (the test removes them)
+
+
+def _db_locked(w: World) -> None:
+    """The controller on a SQLite file that another connection holds locked for 10 cycles and a reconcile."""
+    where = Path(tempfile.mkdtemp(prefix="slurm-elastic-db-locked-"))
+    DB_DIRS.append(where)
+    old = w.ctl
+    w.ctl = Controller(old.cfg, old.policy, slurm=old.slurm, collector=old.collector, clock=old.clock,
+                       store=file_store(where / "state.db", w.clock, busy_timeout_ms=50), metrics=old.metrics)
+    w.cycles(2)
+    locker = sqlite3.connect(where / "state.db", timeout=0.1, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        w.cycles(10)  # must not raise
+        w.reconcile()  # nor the reconcile pass
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    w.cycles(8)  # the DB answers again: the busy job grows
+
+
 def _shrink_grow_then_no_metrics(w: World) -> None:
     w.cycles(8)  # the idle job is signalled, the busy one grows by an extension job
     w.wait("ext", "RUNNING")
@@ -170,6 +194,8 @@ for _s in (
     Scenario("shrink_crash_before_signal", "an idle 3-node job; the controller dies right after journaling the "
              "shrink's intent, before the grace signal; a restarted one carries on",
              (JobSpec("idle", 3, util=5.0),), _crash_before_signal),
+    Scenario("db_locked", "a busy 1-node job; the controller's SQLite file is locked by another connection for 10 "
+             "cycles, then free: the job grows", (JobSpec("busy", 1, util=95.0),), _db_locked),
     Scenario("shrink_grow_then_no_metrics", "a busy 1-node job grows, an idle 2-node job shrinks to 1; then no "
              "node's metrics answer", (JobSpec("busy", 1, util=95.0), JobSpec("idle", 2, util=5.0)),
              _shrink_grow_then_no_metrics),

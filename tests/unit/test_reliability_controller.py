@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
+import shutil
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,8 @@ from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.slurm.runner import subprocess_runner
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState
-from tests.unit.reliability_scenarios import refused
-from tests.unit.slurm_replay import Replayed, replay
+from tests.unit.reliability_scenarios import DB_DIRS, refused
+from tests.unit.slurm_replay import STEP_S, Replayed, replay
 from tests.unit.storehelpers import FakeClock, file_store, memory_store
 from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
 from tests.unit.test_store_failures import tiny_fs  # noqa: F401 - the 1 MiB tmpfs fixture
@@ -95,32 +96,25 @@ def test_shrink_refused_records_slurms_message() -> None:
 
 
 # --- F5: DB trouble -------------------------------------------------------------------------------------------------
-def test_locked_database_no_action_clear_error_then_recovers(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    clock = FakeClock(T0)
-    store = file_store(tmp_path / "state.db", clock, busy_timeout_ms=50)
-    ctl, slurm, agents = _controller(store, clock)
-    _busy(slurm, agents, 10, ["n1"])
-    run(ctl, clock, 2)
-    locker = sqlite3.connect(tmp_path / "state.db", timeout=0.1, isolation_level=None)
-    locker.execute("BEGIN EXCLUSIVE")
+def test_locked_database_no_action_clear_error_then_recovers(caplog: pytest.LogCaptureFixture) -> None:
+    """Replayed (reliability_scenarios.py: db_locked): 10 cycles and a reconcile pass on a locked SQLite file."""
+    caplog.set_level(logging.INFO)
     try:
-        with caplog.at_level(logging.ERROR):
-            run(ctl, clock, 10)  # must not raise
-            assert ctl.reconcile() == []  # nor the reconcile pass: one error line, retried at the next pass
-        assert not any(c[0] == "submit" for c in slurm.calls)
-        assert any("reconcile pass stopped" in r.getMessage() for r in caplog.records)
-        assert any("lock" in r.getMessage().lower() for r in caplog.records if r.levelno >= logging.ERROR)
+        r = _replay("db_locked")
+        store = r.world.ctl.store
+        busy = r.rec.jobs["busy"]
+        assert r.world.reconciled == [[]]  # one error line, retried at the next pass
+        assert any("reconcile pass stopped" in x.getMessage() for x in caplog.records)
+        assert any("lock" in x.getMessage().lower() for x in caplog.records if x.levelno >= logging.ERROR)
+        assert len([x for x in caplog.records if "the state DB answers again" in x.getMessage()]) == 1
+        grows = [a for a in store.journal.list_actions(job_id=busy) if a.kind == ActionKind.GROW]
+        assert [a.state for a in grows] == [ActionState.APPLIED]
+        (submit,) = r.runner.ran("runuser")  # no submit while locked: the recorded order has it after the lock
+        locked_until = r.rec.clock_start + timedelta(seconds=12 * STEP_S)
+        assert grows[0].created_at >= locked_until and f"--job-name=elastic-ext-{busy}" in submit
     finally:
-        locker.execute("ROLLBACK")
-        locker.close()
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        run(ctl, clock, 8)
-    assert len([r for r in caplog.records if "the state DB answers again" in r.getMessage()]) == 1
-    grows = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
-    assert [a.state for a in grows] == [ActionState.APPLIED]
-    assert len([c for c in slurm.calls if c[0] == "submit"]) == 1
-    store.close()
+        while DB_DIRS:
+            shutil.rmtree(DB_DIRS.pop(), ignore_errors=True)
 
 
 def test_full_disk_no_action_without_its_intent_then_recovers(tiny_fs: Path,  # noqa: F811
