@@ -8,6 +8,7 @@ no Slurm behaviour (holds, pauses, explain): any Slurm write, or a command the r
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 
@@ -19,6 +20,7 @@ from tests.unit.slurm_replay import (
     RERECORD,
     SCENARIO_DIR,
     SCENARIOS,
+    SCRIPT,
     STEP_S,
     JobSpec,
     Recording,
@@ -77,6 +79,10 @@ def _jobs_end(w: World) -> None:
     w.cycles(3)  # the ended jobs are listed for several cycles
 
 
+# A serving job (controller/serving.py reads what it publishes in its working directory).
+SERVING_SCRIPT = SCRIPT.replace("#ELASTIC --min-nodes 1 --max-nodes 3",
+                                "#ELASTIC --serving --slo-p99 50ms --min-nodes 1 --max-nodes 3")
+
 MORE: tuple[Scenario, ...] = (
     Scenario("steady_at_max", "a 3-node job at its max (3), 50% busy: holds; read as a steady cluster by "
              "steady_cli", (JobSpec("steady", 3, util=50.0),), _watch),
@@ -92,6 +98,8 @@ MORE: tuple[Scenario, ...] = (
              "and listed as ended for a few cycles",
              (JobSpec("elastic", 1, util=60.0), JobSpec("rigid", 1, user="bob", elastic=False),
               JobSpec("waiting", 3, user="bob", elastic=False, pending=True)), _jobs_end),
+    Scenario("serving_steady", "a 1-node serving job (SLO p99 50 ms), read as a steady cluster by steady_cli",
+             (JobSpec("serving", 1, script=SERVING_SCRIPT),), _watch),
 )
 for _s in MORE:
     SCENARIOS.setdefault(_s.name, _s)
@@ -102,15 +110,17 @@ class SteadyRunner:
     recorded replies in order, then the last one again. A command the recording never ran (a Slurm write, an
     adapter change) fails the test as stale."""
 
-    def __init__(self, rec: Recording) -> None:
+    def __init__(self, rec: Recording, working_dir: str | None = None) -> None:
         self.rec = rec
         self.replies: dict[tuple[str, ...], list[CommandResult]] = {}
         self.served: dict[tuple[str, ...], int] = {}
         self.error: StaleRecordingError | None = None
         for c in rec.commands:
             key = (*command_key(c["argv"]), "\0", c["stdin"] or "")
-            self.replies.setdefault(key, []).append(
-                CommandResult(tuple(c["argv"]), int(c["rc"]), c["stdout"], c["stderr"]))
+            out = c["stdout"]
+            if working_dir is not None and c["argv"][:3] == ["squeue", "--all", "--json"]:
+                out = _relocated(out, working_dir)
+            self.replies.setdefault(key, []).append(CommandResult(tuple(c["argv"]), int(c["rc"]), out, c["stderr"]))
 
     def __call__(self, argv: Sequence[str], *, timeout: float, input_text: str | None,
                  env: Mapping[str, str] | None) -> CommandResult:
@@ -131,11 +141,21 @@ class SteadyRunner:
             raise self.error
 
 
-def steady_cli(name: str) -> tuple[SlurmCli, SteadyRunner]:
-    """The real :class:`SlurmCli` over scenario ``name``'s recording read as a steady cluster."""
+def _relocated(squeue_json: str, working_dir: str) -> str:
+    """The reply with the jobs' recorded working directory (/tmp: slurm_replay says why) moved to
+    ``working_dir``, as Slurm (22.05) writes it: slashes escaped."""
+    recorded = '"current_working_directory": "\\/tmp"'
+    if recorded not in squeue_json:
+        raise StaleRecordingError(f"no job with the working directory /tmp in the recording ({recorded})")
+    return squeue_json.replace(recorded, '"current_working_directory": ' + json.dumps(working_dir).replace("/", "\\/"))
+
+
+def steady_cli(name: str, working_dir: str | None = None) -> tuple[SlurmCli, SteadyRunner]:
+    """The real :class:`SlurmCli` over scenario ``name``'s recording read as a steady cluster; with
+    ``working_dir``, the recorded jobs' working directory is that one (for a job's published files)."""
     path = SCENARIO_DIR / f"{name}.json"
     if not path.exists():
         raise StaleRecordingError(f"no recording {path}; " + RERECORD.format(name=name))
-    runner = SteadyRunner(Recording.load(path))
+    runner = SteadyRunner(Recording.load(path), working_dir)
     runner_: CommandRunner = runner
     return SlurmCli(SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)), runner
