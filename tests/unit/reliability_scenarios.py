@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sqlite3
+import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.runner import CommandResult, CommandRunner
 from tests.unit.slurm_replay import SCENARIOS, JobSpec, Scenario, World
 from tests.unit.storehelpers import file_store
+from tests.unit.test_store_failures import can_mount_tmpfs
 
 GPU_NODES = ("n1", "n2", "n3", "n4")  # the test cluster's GPU nodes (n5, n6 are cold, powered down)
 UNKNOWN_JOB = 987654321  # no job of the test cluster has this id
@@ -146,7 +149,7 @@ def _crash_before_signal(w: World) -> None:
     w.cycles(20)
 
 
-DB_DIRS: list[Path] = []  # the file databases of the runs of db_locked (the test removes them)
+DB_DIRS: list[Path] = []  # the file databases' directories of db_locked and disk_full (release_db_dirs)
 
 
 def _db_locked(w: World) -> None:
@@ -166,6 +169,41 @@ def _db_locked(w: World) -> None:
         locker.execute("ROLLBACK")
         locker.close()
     w.cycles(8)  # the DB answers again: the busy job grows
+
+
+def _disk_full(w: World) -> None:
+    """The controller on a SQLite file on a 1 MiB tmpfs that is filled to its last block for 10 cycles."""
+    where = Path(tempfile.mkdtemp(prefix="slurm-elastic-disk-full-"))
+    DB_DIRS.append(where)
+    why = can_mount_tmpfs(where)
+    if why:
+        raise AssertionError(f"cannot run the full-disk scenario: {why} (scripts/test runs as root, where it works)")
+    old = w.ctl
+    w.ctl = Controller(old.cfg, old.policy, slurm=old.slurm, collector=old.collector, clock=old.clock,
+                       store=file_store(where / "state.db", w.clock, busy_timeout_ms=50), metrics=old.metrics)
+    w.cycles(2)
+    ballast = where / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    try:
+        w.cycles(10)  # must not raise
+    finally:
+        ballast.unlink()
+    w.cycles(8)  # space is back: the busy job grows
+
+
+def release_db_dirs() -> None:
+    """Unmount (the full-disk tmpfs) and remove the scenarios' database directories."""
+    while DB_DIRS:
+        where = DB_DIRS.pop()
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30, check=False)
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def _shrink_grow_then_no_metrics(w: World) -> None:
@@ -196,6 +234,8 @@ for _s in (
              (JobSpec("idle", 3, util=5.0),), _crash_before_signal),
     Scenario("db_locked", "a busy 1-node job; the controller's SQLite file is locked by another connection for 10 "
              "cycles, then free: the job grows", (JobSpec("busy", 1, util=95.0),), _db_locked),
+    Scenario("disk_full", "a busy 1-node job; the controller's SQLite file system is full for 10 cycles, then has "
+             "space again: the job grows", (JobSpec("busy", 1, util=95.0),), _disk_full),
     Scenario("shrink_grow_then_no_metrics", "a busy 1-node job grows, an idle 2-node job shrinks to 1; then no "
              "node's metrics answer", (JobSpec("busy", 1, util=95.0), JobSpec("idle", 2, util=5.0)),
              _shrink_grow_then_no_metrics),

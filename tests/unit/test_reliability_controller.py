@@ -11,11 +11,8 @@
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -24,11 +21,10 @@ from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.slurm.runner import subprocess_runner
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState
-from tests.unit.reliability_scenarios import DB_DIRS, refused
+from tests.unit.reliability_scenarios import refused, release_db_dirs
 from tests.unit.slurm_replay import STEP_S, Replayed, replay
-from tests.unit.storehelpers import FakeClock, file_store, memory_store
+from tests.unit.storehelpers import FakeClock, memory_store
 from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
-from tests.unit.test_store_failures import tiny_fs  # noqa: F401 - the 1 MiB tmpfs fixture
 
 
 def _controller(store: SqlStore, clock: FakeClock) -> tuple[Controller, FakeSlurm, Agents]:
@@ -113,42 +109,24 @@ def test_locked_database_no_action_clear_error_then_recovers(caplog: pytest.LogC
         locked_until = r.rec.clock_start + timedelta(seconds=12 * STEP_S)
         assert grows[0].created_at >= locked_until and f"--job-name=elastic-ext-{busy}" in submit
     finally:
-        while DB_DIRS:
-            shutil.rmtree(DB_DIRS.pop(), ignore_errors=True)
+        release_db_dirs()
 
 
-def test_full_disk_no_action_without_its_intent_then_recovers(tiny_fs: Path,  # noqa: F811
-                                                              caplog: pytest.LogCaptureFixture) -> None:
-    clock = FakeClock(T0)
-    store = file_store(tiny_fs / "state.db", clock, busy_timeout_ms=50)
-    ctl, slurm, agents = _controller(store, clock)
-    _busy(slurm, agents, 10, ["n1"])
-    run(ctl, clock, 2)
-    ballast = tiny_fs / "ballast"
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)  # fill the file system to the last block
+def test_full_disk_no_action_without_its_intent_then_recovers(caplog: pytest.LogCaptureFixture) -> None:
+    """Replayed (reliability_scenarios.py: disk_full): 10 cycles with the database's 1 MiB tmpfs full."""
+    caplog.set_level(logging.ERROR)
     try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        pass
+        r = _replay("disk_full")
+        store = r.world.ctl.store
+        busy = r.rec.jobs["busy"]
+        grows = [a for a in store.journal.list_actions(job_id=busy) if a.kind == ActionKind.GROW]
+        assert [a.state for a in grows] == [ActionState.APPLIED]
+        assert len(r.runner.ran("runuser")) == 1  # one extension ...
+        full_until = r.rec.clock_start + timedelta(seconds=12 * STEP_S)
+        assert grows[0].created_at >= full_until  # ... journaled, then submitted, once space was back
+        assert any("disk is full" in x.getMessage() for x in caplog.records if x.levelno >= logging.ERROR)
     finally:
-        os.close(fd)
-    try:
-        with caplog.at_level(logging.ERROR):
-            run(ctl, clock, 10)  # must not raise
-        submits = [c for c in slurm.calls if c[0] == "submit"]
-        journaled = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
-        # Anything submitted was journaled first (an intent that did not fit means no submit).
-        assert len(submits) <= len(journaled)
-        assert any("full" in r.getMessage().lower() or "disk" in r.getMessage().lower()
-                   for r in caplog.records if r.levelno >= logging.ERROR) or journaled
-    finally:
-        ballast.unlink()
-    run(ctl, clock, 8)
-    grows = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
-    assert [a.state for a in grows].count(ActionState.APPLIED) == 1
-    assert len([c for c in slurm.calls if c[0] == "submit"]) == 1
-    store.close()
+        release_db_dirs()
 
 
 # --- bug 1 (see docs/reliability.md): Slurm output that is not UTF-8 ------------------------------------------------
