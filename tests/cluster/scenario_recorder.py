@@ -143,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"record: {name} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
             failed.append(name)
             continue
+        finally:
+            reliability_scenarios.release_db_dirs()  # its file databases (a tmpfs among them)
         path = SCENARIO_DIR / f"{name}.json"
         rec.save(path)
         print(f"record: {name}: {len(rec.commands)} commands -> {path} ({time.monotonic() - t0:.0f}s)",
