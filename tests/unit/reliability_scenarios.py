@@ -1,4 +1,4 @@
-"""Recorded controller scenarios under faults (docs/reliability.md F4, F5's locked database, bug 7) and on a
+"""Recorded controller scenarios under faults (docs/reliability.md F4, F5, bugs 5 and 7) and on a
 metrics source that goes away (tests/unit/test_prometheus_source.py); not a test module.
 
 Registered in slurm_replay.SCENARIOS on import, so ``scripts/record-slurm-scenarios NAME`` records them and
@@ -206,6 +206,35 @@ def release_db_dirs() -> None:
         shutil.rmtree(where, ignore_errors=True)
 
 
+DEAD_REASON = "scenario-dead-node"
+
+
+def _extension_on_dead_node(w: World) -> None:
+    """The node a grow planned goes DOWN between the intent and the sbatch: the extension, pinned there, pends.
+
+    The scenario sets the node DOWN and back through the controller's own runner, so both runs have the same
+    commands (the recording's are real, on the live cluster, under the cluster-tests lock)."""
+    cmd = cast(SlurmCli, w.ctl.slurm).cmd
+    downed: list[str] = []
+
+    def down_the_planned_node(step: str) -> None:
+        if step == "grow:after-intent" and not downed:
+            (intent,) = w.ctl.store.journal.open_actions(w.jobs["busy"])
+            downed.append(intent.params["nodes"][0])
+            cmd.run(["scontrol", "update", f"NodeName={downed[0]}", "State=DOWN", f"Reason={DEAD_REASON}"])
+
+    w.ctl.actuator.fault = down_the_planned_node
+    try:
+        w.cycles(8)  # the grow: its node goes down, the extension is submitted onto it and pends
+        w.ctl.actuator.fault = lambda _step: None
+        w.cycles(1)
+        w.reconcile()  # the extension pending on a dead node is cancelled
+        w.cycles(15)  # past the cooldown: grown again, onto a live node
+    finally:
+        for node in downed:
+            cmd.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+
 def _shrink_grow_then_no_metrics(w: World) -> None:
     w.cycles(8)  # the idle job is signalled, the busy one grows by an extension job
     w.wait("ext", "RUNNING")
@@ -236,6 +265,9 @@ for _s in (
              "cycles, then free: the job grows", (JobSpec("busy", 1, util=95.0),), _db_locked),
     Scenario("disk_full", "a busy 1-node job; the controller's SQLite file system is full for 10 cycles, then has "
              "space again: the job grows", (JobSpec("busy", 1, util=95.0),), _disk_full),
+    Scenario("extension_on_dead_node", "a busy 1-node job grows; the planned node goes DOWN before the sbatch: "
+             "the pinned extension pends there, reconcile cancels it, the job grows onto a live node",
+             (JobSpec("busy", 1, util=95.0),), _extension_on_dead_node),
     Scenario("shrink_grow_then_no_metrics", "a busy 1-node job grows, an idle 2-node job shrinks to 1; then no "
              "node's metrics answer", (JobSpec("busy", 1, util=95.0), JobSpec("idle", 2, util=5.0)),
              _shrink_grow_then_no_metrics),

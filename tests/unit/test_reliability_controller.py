@@ -1,9 +1,10 @@
-"""The real Controller under faults it cannot see coming (docs/reliability.md, rows F4-F5):
+"""The real Controller under faults it cannot see coming (docs/reliability.md, rows F4-F5, bugs 5 and 7), on the
+real SlurmCli replaying Slurm replies recorded from the live test cluster, Slurm's refusals and a node that goes
+down included (tests/unit/reliability_scenarios.py):
 
 * F4 Slurm refuses an action (the job ended between decision and action, a request the cluster cannot satisfy,
   slurmctld out of reach): the outcome is recorded with Slurm's message, only a transient failure is tried again,
-  and the cycle carries on for the other jobs. These replay the real SlurmCli on replies recorded from the live
-  test cluster, the refusals included (tests/unit/reliability_scenarios.py), as does the bug 7 crash test.
+  and the cycle carries on for the other jobs.
 * F5 DB trouble: a locked SQLite file and a full file system (a 1 MiB tmpfs, for real): no action without its
   durably journaled intent, a clear error, recovery once the lock goes or space returns.
 """
@@ -16,32 +17,14 @@ from datetime import timedelta
 
 import pytest
 
-from slurm_elastic.controller.config import ControllerConfig
-from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.slurm.runner import subprocess_runner
-from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState
 from tests.unit.reliability_scenarios import refused, release_db_dirs
 from tests.unit.slurm_replay import STEP_S, Replayed, replay
-from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
+from tests.unit.test_controller_cycle import Agents
 
 
-def _controller(store: SqlStore, clock: FakeClock) -> tuple[Controller, FakeSlurm, Agents]:
-    slurm = FakeSlurm(clock)
-    agents = Agents(clock)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
-                     store=store, collector=agents, clock=clock)
-    return ctl, slurm, agents
-
-
-def _busy(slurm: FakeSlurm, agents: Agents, job_id: int, nodes: list[str], util: float = 95.0) -> None:
-    slurm.add_job(job_id, nodes)
-    for n in nodes:
-        agents.util[(n, job_id)] = util
-
-
-# --- F4: Slurm refuses (replies recorded from the live cluster: tests/unit/reliability_scenarios.py) -----------------
+# --- F4: Slurm refuses ------------------------------------------------------------------------------------------
 def _replay(name: str) -> Replayed:
     return replay(name, Agents)
 
@@ -141,26 +124,21 @@ def test_command_output_that_is_not_utf8_is_read_not_raised() -> None:
 # --- bug 5: an extension pinned to a node that died before it started ------------------------------------------
 def test_extension_pending_on_a_dead_node_is_cancelled_and_the_job_grows_elsewhere() -> None:
     """Regression (found by tests/cluster/test_reliability_faults.py F6): a node died right after an extension
-    was submitted onto it; the extension, pinned there by --nodelist, pended forever and held the job's growth."""
-    from dataclasses import replace
-
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    ctl, slurm, agents = _controller(store, clock)
-    _busy(slurm, agents, 10, ["n1"])
-    run(ctl, clock, 8)
-    ((_, (_, node)),) = [c for c in slurm.calls if c[0] == "submit"]
-    ext_id = slurm.next_id
-    slurm.jobs[ext_id] = replace(slurm.jobs[ext_id], state="PENDING", nodes=(), start_time=None)
-    slurm.nodes = [replace(n, state_flags=("NOT_RESPONDING",)) if n.name == node else n for n in slurm.nodes]
-    done = ctl.reconcile()
-    assert ("cancel", ext_id) in slurm.calls
-    assert any(f"cancelled extension {ext_id}" in line and node in line for line in done)
-    (rec,) = [e for e in store.jobs.extensions(10, active_only=False) if e.job_id == ext_id]
-    assert rec.ended_at is not None and rec.state == "CANCELLED"
-    run(ctl, clock, 15)
-    later = [c for c in slurm.calls if c[0] == "submit"][1:]
-    assert later and all(n != node for _, (_, n) in later)  # grown again, onto a live node
+    was submitted onto it; the extension, pinned there by --nodelist, pended forever and held the job's growth.
+    Replayed: the planned node is set DOWN between the grow's intent and its sbatch on the live cluster."""
+    r = _replay("extension_on_dead_node")
+    busy = r.rec.jobs["busy"]
+    (down,) = [c for c in r.runner.calls if c[:2] == ["scontrol", "update"] and "State=DOWN" in c]
+    node = down[2].removeprefix("NodeName=")
+    exts = sorted(r.store.jobs.extensions(busy, active_only=False), key=lambda e: e.job_id)
+    first = exts[0]
+    assert first.nodelist == node and first.ended_at is not None and first.state == "CANCELLED"
+    assert ["scancel", str(first.job_id)] in r.runner.calls
+    assert any(f"cancelled extension {first.job_id}" in line and node in line for line in r.world.reconciled[0])
+    submits = [dict(a.split("=", 1) for a in c if a.startswith("--") and "=" in a) for c in r.runner.ran("runuser")]
+    assert submits[0]["--nodelist"] == node
+    later = submits[1:]
+    assert later and all(x["--nodelist"] != node for x in later)  # grown again, onto a live node
 
 
 # --- bug 7: a crash between the shrink intent and its grace signal --------------------------------------------
