@@ -133,20 +133,12 @@ def restore_node(cluster: TestCluster, slurm_conf: str, gres_conf: str, was_drai
         slurmctld_restart=(str(REPO / "docker-slurm" / "slurm-daemon.sh"), "restart-slurmctld"),
     ), env=cluster.env)
     daemons.stop_slurmd(NODE)
+    # Stops every slurmctld of this cluster, also one a reconfigure is re-executing into (23.11+), and returns only
+    # when the one it started is the only one and answers, so it has read the restored files (docs/slurm-facts.md).
     daemons.restart_slurmctld()
     daemons.start_slurmd(NODE)
-
-    def back() -> bool | None:
-        return True if gres_summary(_gres(cluster)) == gres_summary(ORIGINAL_GRES) else None
-
-    try:
-        wait_for("n4 back with Gres=gpu:4,mps:400", back, timeout=60)
-    except AssertionError:
-        # Seen once on 26.05 under load: a slurmctld that had just re-executed itself for a reconfigure had not yet
-        # rewritten its pid file, so the restart started a second one, which exited ("Address already in use"),
-        # and the old one kept the MIG config. A reconfigure makes the running one read the restored files.
-        cluster.run(["scontrol", "reconfigure"])
-        wait_for("n4 back with Gres=gpu:4,mps:400 after a reconfigure", back, timeout=120)
+    wait_for("n4 back with Gres=gpu:4,mps:400",
+             lambda: True if gres_summary(_gres(cluster)) == gres_summary(ORIGINAL_GRES) else None, timeout=120)
     if not was_drained:
         cluster.run(["scontrol", "update", f"NodeName={NODE}", "State=RESUME"])
 
