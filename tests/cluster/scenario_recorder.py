@@ -8,10 +8,14 @@ that writes down every command and its reply, then cancels the jobs and saves th
 from __future__ import annotations
 
 import argparse
+import os
+import pwd
 import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from slurm_elastic.controller.extension import ExtensionTag
@@ -62,6 +66,14 @@ def _wait_reason(cluster: TestCluster, job_id: int, timeout: float = 60) -> None
         time.sleep(0.5)
 
 
+def _own_dir(cluster: TestCluster, scenario: str, user: str) -> Path:
+    d = cluster.jobs_dir / f"scenario-{scenario}-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    pw = pwd.getpwnam(user)
+    os.chown(d, pw.pw_uid, pw.pw_gid)
+    return d
+
+
 def record(cluster: TestCluster, scenario: Scenario) -> Recording:
     deadline = time.monotonic() + 120  # the lock's previous holder may still be cancelling its jobs
     while (active := [j.job_id for j in cluster.jobs() if j.state in ACTIVE]) and time.monotonic() < deadline:
@@ -76,6 +88,8 @@ def record(cluster: TestCluster, scenario: Scenario) -> Recording:
             first = jobs[scenario.jobs[0].name] if jobs else 0
             tag = ([f"--comment={ExtensionTag(first, spec.tag_key.format(leader=first)).render()}"]
                    if spec.tag_key else [])
+            if spec.own_dir:  # the harness's --chdir=/tmp comes first: the last one counts
+                tag.append(f"--chdir={_own_dir(cluster, scenario.name, spec.user)}")
             shape = [f"-N{spec.nodes}", "--time=30", *(("--gres=gpu:4",) if not spec.het else ()), *tag,
                      f"--job-name=scenario-{spec.name}", *((":", *spec.het) if spec.het else ())]
             jobs[spec.name] = cluster.submit(spec.script if spec.elastic else PLAIN, *shape, user=spec.user)

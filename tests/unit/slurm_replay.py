@@ -84,6 +84,7 @@ class JobSpec:
     het: tuple[str, ...] = ()  # sbatch args of a second het component (offset 1): the scenario's unit is that
     # component (its raw id under ``name``, the het leader under ``name + "_leader"``)
     tag_key: str | None = None  # an extension tag in its comment: this key ({leader}: the first job's id)
+    own_dir: bool = False  # runs in a fresh directory of its user's (not /tmp), for the files a job publishes
 
 
 @dataclass
