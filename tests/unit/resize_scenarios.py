@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
+from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from tests.policy_text import UNIT, policy_text
@@ -31,6 +32,7 @@ from tests.unit.slurm_replay import (
 MOLD_SCRIPT = SCRIPT.replace("#ELASTIC --min-nodes 1 --max-nodes 3", "#ELASTIC --min-nodes 1")
 MOLD_POLICY_TEXT = policy_text(UNIT, moldable_start=True, step=2)
 GPU_NODES = ("n1", "n2", "n3", "n4")  # the test cluster's GPU nodes (n5, n6 are cold, powered down)
+PLAIN_SCRIPT = "#!/bin/bash\nwhile :; do sleep 5 & wait $!; done\n"  # a rigid job (the recorder's PLAIN)
 
 
 def _shrink_then_grow(w: World) -> None:
@@ -74,6 +76,31 @@ def _extension_qos(w: World) -> None:
     w.ctl.actuator.extension_qos = "scavenger"
 
 
+def _preempted(w: World) -> None:
+    """The leader grows by a scavenger extension onto the last free node; a --qos=high job then needs that node
+    and Slurm preempts the extension. The high job is submitted through the controller's own SlurmCli, so its
+    sbatch and the reply (its id) are in the recording like the controller's commands."""
+    _extension_qos(w)
+    w.cycles(8)  # the grow: an extension job on the only free node
+    w.wait("ext", "RUNNING")
+    busy = w.jobs["busy"]
+    (ext,) = w.ctl.store.jobs.extensions(busy)
+    assert ext.nodelist is not None
+    w.agents.util[(ext.nodelist, ext.job_id)] = 95.0  # busy there too: at its max (2 of 3 would grow on)
+    w.cycles(2)
+    w.jobs["high"] = w.ctl.slurm.submit_as("bob", PLAIN_SCRIPT, ["--qos=high", "--nodes=1", "--gres=gpu:4",
+                                                                  "--time=30", "--job-name=scenario-high",
+                                                                  "--chdir=/tmp", "--output=/dev/null"])
+    w.wait("high", "RUNNING")  # Slurm preempted the extension for it
+    w.cycles(1)
+    w.reconcile()  # closes the extension's record with Slurm's state
+    w.cycles(14)  # the loss starts the cooldown (20 s); after it, no free node: no regrow, no back-off
+    w.ctl = Controller(w.ctl.cfg, w.ctl.policy, slurm=w.ctl.slurm, store=w.ctl.store, collector=w.ctl.collector,
+                       clock=w.clock)  # restarted on the same store: records the loss no second time
+    w.reconcile()
+    w.cycles(1)
+
+
 _MOLD_JOBS = (JobSpec("running", 2, util=60.0), JobSpec("waiting", 4, pending=True, script=MOLD_SCRIPT))
 
 for _s in (
@@ -92,6 +119,9 @@ for _s in (
              "decided (the packaged default), no Slurm write", _MOLD_JOBS, _mold_watch, dry_run=True),
     Scenario("mold_switched_off", "moldable_start = false: the waiting elastic job is left as it is",
              _MOLD_JOBS, _mold_watch, policy_text=policy_text(UNIT)),
+    Scenario("extension_preempted", "a busy 1-node job (bob's 2-node job beside it) grows by a scavenger "
+             "extension onto the last free node; a --qos=high job needs it and Slurm preempts the extension",
+             (JobSpec("busy", 1, util=95.0), JobSpec("filler", 2, user="bob", elastic=False)), _preempted),
     Scenario("grow_in_extension_qos", "a busy 1-node job grows with [extension] qos = scavenger",
              (JobSpec("busy", 1, util=95.0),), _grow, prepare=_extension_qos),
 ):
