@@ -9,9 +9,16 @@ first replies, for tests that need real Slurm jobs and nodes but no Slurm behavi
 from __future__ import annotations
 
 import functools
+import os
+import pwd
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
+from slurm_elastic import resize
 from slurm_elastic.controller.cycle import Controller
+from slurm_elastic.controller.notices import NoticeBoard
+from slurm_elastic.resize import Ack, Notice
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from tests.policy_text import UNIT, policy_text
@@ -101,6 +108,67 @@ def _preempted(w: World) -> None:
     w.cycles(1)
 
 
+class LocalBoard(NoticeBoard):
+    """The controller's resize notices in a directory of this run's own, as if the job ran there as this process's
+    user. Notices are files beside the job, not Slurm: a recorded job's working directory (root's /tmp, the job
+    alice's) takes none, here or on a test machine, so both runs put them where the test can read and answer them.
+    """
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="slurm-elastic-notices-"))
+        self.user = pwd.getpwuid(os.getuid()).pw_name
+
+    def here(self, job: Job) -> Job:
+        return replace(job, working_dir=str(self.dir), user=self.user)
+
+    def path(self, unit_id: int) -> str:
+        return str(self.dir / ".slurm-elastic" / f"resize-{unit_id}.json")
+
+    def post(self, job: Job, unit_id: int, notice: Notice) -> str:
+        return super().post(self.here(job), unit_id, notice)
+
+    def acknowledgement(self, job: Job, unit_id: int, notice_id: str) -> Ack | None:
+        return super().acknowledgement(self.here(job), unit_id, notice_id)
+
+    def withdraw(self, job: Job, unit_id: int, notice_id: str) -> bool:
+        return super().withdraw(self.here(job), unit_id, notice_id)
+
+
+def _local_board(w: World) -> None:
+    w.ctl.actuator.notices = LocalBoard()
+
+
+def board(w: World) -> LocalBoard:
+    notices = w.ctl.actuator.notices
+    assert isinstance(notices, LocalBoard)
+    return notices
+
+
+def _notice_grow(w: World) -> None:
+    _local_board(w)
+    w.ctl.actuator.notice_grace_s = 12.0  # [extension] notice_grace_s
+
+
+def _shrink_at_ack(w: World) -> None:
+    """The job acknowledges the shrink notice 0.8 s after it was posted, inside the 5 s grace."""
+    path = board(w).path(w.jobs["idle"])
+    for _ in range(20):
+        w.cycles(1)
+        if resize.read_notice(path) is not None:
+            break
+    notice = resize.read_notice(path)
+    assert notice is not None
+    _cycle_1s(w)  # 2 s into the grace, not acknowledged: nothing released
+    resize.acknowledge(step=80, path=path, now=notice.time + 0.8)
+    _cycle_1s(w)  # released at the acknowledgement
+
+
+def _cycle_1s(w: World) -> None:
+    w.ctl.run_cycle()
+    w.check()
+    w.clock.advance(1.0)
+
+
 _MOLD_JOBS = (JobSpec("running", 2, util=60.0), JobSpec("waiting", 4, pending=True, script=MOLD_SCRIPT))
 
 for _s in (
@@ -122,6 +190,13 @@ for _s in (
     Scenario("extension_preempted", "a busy 1-node job (bob's 2-node job beside it) grows by a scavenger "
              "extension onto the last free node; a --qos=high job needs it and Slurm preempts the extension",
              (JobSpec("busy", 1, util=95.0), JobSpec("filler", 2, user="bob", elastic=False)), _preempted),
+    Scenario("notice_shrink_ack", "an idle 3-node job's shrink notice is acknowledged inside the grace: the "
+             "nodes go at the acknowledgement", (JobSpec("idle", 3, util=5.0),), _shrink_at_ack,
+             prepare=_local_board),
+    Scenario("notice_shrink_no_ack", "an idle 3-node job's shrink notice is never acknowledged: the nodes go "
+             "when the grace is over", (JobSpec("idle", 3, util=5.0),), _shrink, prepare=_local_board),
+    Scenario("notice_grow", "a busy 1-node job grows with notice_grace_s = 12: its grow notice is posted before "
+             "the extension job", (JobSpec("busy", 1, util=95.0),), _grow, prepare=_notice_grow),
     Scenario("grow_in_extension_qos", "a busy 1-node job grows with [extension] qos = scavenger",
              (JobSpec("busy", 1, util=95.0),), _grow, prepare=_extension_qos),
 ):
