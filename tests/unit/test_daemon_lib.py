@@ -66,6 +66,18 @@ class StandIns:
         return {int(p) for p in out.stdout.split()}
 
 
+def wait_term_handled(pid: int, field: str) -> None:
+    """Until the stand-in has set up its SIGTERM disposition (``SigIgn`` or ``SigCgt`` in /proc/PID/status)."""
+    deadline = time.monotonic() + 10
+    while True:
+        masks = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("Sig"))
+        if int(masks[field], 16) & (1 << (signal.SIGTERM - 1)):
+            return
+        assert time.monotonic() < deadline, f"stand-in {pid} did not set up its SIGTERM handling"
+        time.sleep(0.01)
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie, exited but not yet reaped, is not)."""
     try:
@@ -140,14 +152,17 @@ def test_stop_stops_ours_only_and_waits_until_they_are_gone(stand_ins: StandIns)
 
 def test_stop_catches_the_successor_a_daemon_hands_over_to(stand_ins: StandIns, tmp_path: Path) -> None:
     first = stand_ins.start("slurmctld", HAND_OVER)
-    out = stand_ins.lib("stop_daemons slurmctld")
+    wait_term_handled(first, "SigCgt")
+    out = stand_ins.lib("DAEMON_STOP_TIMEOUT=10 stop_daemons slurmctld")
     assert out.returncode == 0, out.stderr
+    assert "SIGKILL" not in out.stderr  # the successor got its own SIGTERM
     assert not alive(first)
     assert not any(alive(p) for p in stand_in_pids(tmp_path)), "the successor outlived the stop"
 
 
 def test_one_that_ignores_sigterm_is_killed_after_the_bound(stand_ins: StandIns) -> None:
     stubborn = stand_ins.start("slurmd", IGNORE_TERM, None, "-N", "n3")
+    wait_term_handled(stubborn, "SigIgn")
     out = stand_ins.lib("DAEMON_STOP_TIMEOUT=1 stop_daemons slurmd n3")
     assert out.returncode == 0, out.stderr
     assert "did not stop within 1s of SIGTERM: SIGKILL" in out.stderr
