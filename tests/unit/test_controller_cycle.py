@@ -138,17 +138,6 @@ class Agents:
         return CollectResult(reports=reports, errors={n: "timeout" for n in agents if n in self.silent})
 
 
-@pytest.fixture
-def world() -> tuple[Controller, FakeSlurm, Agents, FakeClock, SqlStore]:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm = FakeSlurm(clock)
-    agents = Agents(clock)
-    cfg = ControllerConfig(interval_s=2.0, holder="test")
-    ctl = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents, clock=clock)
-    return ctl, slurm, agents, clock, store
-
-
 def run(ctl: Controller, clock: FakeClock, cycles: int, step_s: float = 2.0) -> None:
     for _ in range(cycles):
         ctl.run_cycle()
