@@ -13,12 +13,12 @@ grows it back like any other unit.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, cast
 
 from slurm_elastic.directives.spec import ElasticSpec
-from slurm_elastic.policy.capacity import NodePool, Status, is_free_node, need_of
+from slurm_elastic.policy.capacity import NodePool, Status, is_free_node, is_planned_node, need_of
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver
 from slurm_elastic.policy.model import Scalar
 from slurm_elastic.policy.reasons import Reason
@@ -173,12 +173,9 @@ def decide_molds(snapshot: ClusterSnapshot, pending: Sequence[tuple[Job, Elastic
 
 
 def _free_or_planned(node: Node) -> bool:
-    """A free node, or an idle one Slurm's backfill has PLANNED for a waiting job (measured on 22.05: the nodes
-    free behind a job that waits on Resources carry it, planned for that very job). Reshaped, the job is planned
+    """A free node, or an idle one Slurm's backfill has PLANNED for a waiting job. Reshaped, the job is planned
     again, on those nodes or not: Slurm decides, as it does for any start."""
-    if node.state == "IDLE" and "PLANNED" in node.state_flags:
-        return is_free_node(replace(node, state_flags=tuple(f for f in node.state_flags if f != "PLANNED")))
-    return is_free_node(node)
+    return is_free_node(node) or is_planned_node(node)
 
 
 # --- the simulator's caller ------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from slurm_elastic.policy.capacity import (
     add_gres,
     fits,
     free_gres,
+    is_planned_node,
     is_resumable_node,
     need_of,
 )
@@ -165,6 +166,7 @@ class Walk:
     admit_at: Mapping[int, ResizeRecord]  # pending job -> the latest shrink-to-admit for it
     pool: NodePool = field(init=False)
     cold: NodePool = field(init=False)  # powered-down nodes Slurm would resume (power_resume), used after pool
+    planned: NodePool = field(init=False)  # idle nodes Slurm planned for a waiting job: waiting jobs' only
     info: _NodeInfo = field(init=False)
     reserves: dict[str, int] = field(default_factory=dict)
     victims: dict[str, list[UnitWork]] = field(default_factory=dict)  # partition -> best victim first
@@ -221,6 +223,7 @@ class Walk:
         failed = {n for n, at in self.inp.power.resume_failed.items()
                   if (self.ctx.now - at).total_seconds() < backoff}
         self.cold = NodePool(snap.nodes, frozenset(taken) | failed, select=is_resumable_node)
+        self.planned = NodePool(snap.nodes, frozenset(taken), select=is_planned_node)
         self.info = _NodeInfo(snap.nodes)
         self.gpu = GpuLimitTracker(self.inp.gpu_limits, snap.jobs, self.inp.units, self.inp.extension_qos)
         for node in snap.nodes:
@@ -440,7 +443,8 @@ class Walk:
     # --- pending jobs -------------------------------------------------------------------------------------------
 
     def _pending(self, job: Job) -> None:
-        if not len(self.pool) and not len(self.cold) and not self.victims and not self.tail_protected:
+        if (not len(self.pool) and not len(self.cold) and not len(self.planned) and not self.victims
+                and not self.tail_protected):
             return
         parts = tuple(p for p in job.partition.split(",") if p)
         need = need_of(job.gres_per_node)
@@ -449,6 +453,10 @@ class Walk:
         for name in got:
             for part in self.pool.partitions_of[name]:
                 self.first_reserver.setdefault(part, job)
+        if len(got) < count and len(self.planned):
+            # Idle nodes Slurm's backfill set aside for a waiting job (IDLE+PLANNED): no grow may take them, and
+            # they count toward this job's fit, so a shrink-to-admit frees only what is still missing.
+            got += self.planned.take(parts, need, count - len(got), status=Status.RESERVED, holder=job.job_id)
         if len(got) < count and len(self.cold):  # Slurm would resume powered-down nodes for it as well
             resumed = self.cold.take(parts, need, count - len(got), status=Status.RESERVED, holder=job.job_id)
             for name in resumed:

@@ -2,31 +2,25 @@
 journal before acting, grace before shrink, dry-run, reconcile, backoff.
 
 Where a recording can carry the facts, the tests replay Slurm replies recorded from the live test cluster under the
-real SlurmCli (tests/unit/slurm_replay.py; a changed adapter command fails them as stale). FakeSlurm, an
-in-memory Slurm, stays for the tests whose Slurm state no recording can produce on demand (each says why); other
-controller test modules import it too."""
+real SlurmCli (tests/unit/slurm_replay.py; a changed adapter command fails them as stale): no test here runs on a
+hand-written Slurm."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
 from slurm_elastic.agent.payload import JobReport, NodeReport, NvmlInfo
 from slurm_elastic.controller.collect import CollectResult
-from slurm_elastic.controller.config import ControllerConfig, parse_controller_config
+from slurm_elastic.controller.config import parse_controller_config
 from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.extension import ExtensionTag
-from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import parse_config
 from slurm_elastic.slurm import hostlist
-from slurm_elastic.slurm.model import ClusterSnapshot, GresCount, Job, Node, Partition
-from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
 from tests.policy_text import UNIT, policy_text
 from tests.unit import reliability_scenarios  # noqa: F401 - registers admit_not_started
@@ -38,78 +32,12 @@ from tests.unit.slurm_replay import (
     StaleRecordingError,
     replay,
 )
-from tests.unit.storehelpers import FakeClock, memory_store
+from tests.unit.storehelpers import FakeClock
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 POLICY_TEXT = policy_text(UNIT)
 POLICY = parse_config(POLICY_TEXT)
 SCRIPT = "#!/bin/bash\n#ELASTIC --min-nodes 1 --max-nodes 3\nsrun train\n"
-
-
-class FakeSlurm:
-    """Just enough Slurm for the controller: jobs and nodes in memory, every call recorded."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self.clock = clock
-        self.nodes = [Node(name=f"n{i}", state="IDLE", state_flags=(), partitions=("train",), cpus=8,
-                           alloc_cpus=0, gres=(GresCount("gpu", None, 4),), gres_used=(), address="127.0.0.1")
-                      for i in range(1, 5)]
-        self.jobs: dict[int, Job] = {}
-        self.calls: list[tuple[str, Any]] = []  # (call, its arguments)
-        self.sbatch_args: list[dict[str, str]] = []
-        self.next_id = 100
-
-    def add_job(self, job_id: int, nodes: Sequence[str], *, user: str = "alice", comment: str = "") -> Job:
-        job = Job(job_id=job_id, name="train", user=user, account="nlp", partition="train", qos="normal",
-                  priority=100, state="RUNNING", state_reason=None, nodes=tuple(nodes), batch_host=nodes[0],
-                  node_count=len(nodes), tres_per_node="gres:gpu:4", gres_per_node=(GresCount("gpu", None, 4),),
-                  time_limit_min=600, submit_time=T0 - timedelta(hours=1), start_time=T0 - timedelta(hours=1),
-                  end_time=None, comment=comment, admin_comment="", working_dir="/tmp")
-        self.jobs[job_id] = job
-        return job
-
-    def snapshot(self) -> ClusterSnapshot:
-        used = {n for j in self.jobs.values() if j.is_running for n in j.nodes}
-        nodes = tuple(replace(n, state="ALLOCATED" if n.name in used else "IDLE",
-                              gres_used=(GresCount("gpu", None, 4),) if n.name in used else ()) for n in self.nodes)
-        return ClusterSnapshot(taken_at=self.clock(), jobs=tuple(self.jobs.values()), nodes=nodes,
-                               partitions=(Partition("train", tuple(n.name for n in self.nodes), True),))
-
-    def batch_script(self, job_id: int) -> str:
-        return SCRIPT
-
-    def shrink(self, job: Job, keep_nodes: Sequence[str]) -> None:
-        self.calls.append(("shrink", (job.job_id, tuple(keep_nodes))))
-        self.jobs[job.job_id] = replace(job, nodes=tuple(keep_nodes), node_count=len(keep_nodes))
-
-    def extend_time_limit(self, job: Job, add_min: int) -> int:
-        self.calls.append(("extend", (job.job_id, add_min)))
-        new = (job.time_limit_min or 0) + add_min
-        self.jobs[job.job_id] = replace(self.jobs[job.job_id], time_limit_min=new)
-        return new
-
-    def shorten_time_limit(self, job: Job, sub_min: int) -> int:
-        self.calls.append(("shorten", (job.job_id, sub_min)))
-        new = (job.time_limit_min or 0) - sub_min
-        self.jobs[job.job_id] = replace(self.jobs[job.job_id], time_limit_min=new)
-        return new
-
-    def signal(self, job_id: int, signal: str, *, batch_only: bool = False) -> None:
-        self.calls.append(("signal", (job_id, signal)))
-
-    def cancel(self, job_id: int) -> None:
-        self.calls.append(("cancel", job_id))
-        if job_id in self.jobs:
-            self.jobs[job_id] = replace(self.jobs[job_id], state="CANCELLED")
-
-    def submit_as(self, user: str, script: str, sbatch_args: Sequence[str],
-                  env: Mapping[str, str] | None = None) -> int:
-        args = dict(a.split("=", 1) for a in sbatch_args if "=" in a)
-        self.sbatch_args.append(args)
-        self.next_id += 1
-        self.calls.append(("submit", (user, args["--nodelist"])))
-        self.add_job(self.next_id, args["--nodelist"].split(","), user=user, comment=args["--comment"])
-        return self.next_id
 
 
 class Agents:
@@ -323,22 +251,6 @@ demand_days = 3
     assert cfg.agents.url_for("n9", "x") == "http://10.0.0.9:1234"
 
 
-def _admit_world(backoff_s: int = 120) -> tuple[Controller, FakeSlurm, Agents, FakeClock, SqlStore]:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm = FakeSlurm(clock)
-    agents = Agents(clock)
-    policy = parse_config(policy_text(UNIT, cooldown_s=10, grace_s=4, shrink_to_admit=True, admit_backoff_s=backoff_s))
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,
-                     store=store, collector=agents, clock=clock, metrics=ControllerMetrics())
-    slurm.add_job(10, ["n1", "n2", "n3"])
-    agents.util.update({(n, 10): 60.0 for n in ("n1", "n2", "n3")})  # in band: no metric-driven resize
-    pending = slurm.add_job(50, ["n4"])
-    slurm.jobs[50] = replace(pending, state="PENDING", state_reason="Resources", nodes=(), batch_host=None,
-                             node_count=2, priority=1000, qos="high", start_time=None)
-    return ctl, slurm, agents, clock, store
-
-
 def _admits(ctl: Controller, outcome: str) -> float:
     assert ctl.metrics is not None
     return ctl.metrics.registry.get_sample_value("slurm_elastic_controller_admits_total", {"outcome": outcome}) or 0
@@ -376,22 +288,19 @@ def test_shrink_to_admit_backs_off_when_slurm_does_not_start_the_admitted_job(
                                    if first.finished_at < d.time < backoff_until)
 
 
-# FakeSlurm: past the back-off, one more node goes for the job that still waits. On the live cluster's replies
-# (admit_not_started) no second shrink comes: the freed node is IDLE+PLANNED (Slurm's backfill planned it for the
-# pending job), which policy/capacity.py does not count as free, so the walk sees a deficit of 2 that the 2-node
-# job's one spare node cannot cover (policy/moldable.py already counts such nodes). Moves once that is settled.
 def test_shrink_to_admit_shrinks_again_after_the_backoff() -> None:
-    ctl, slurm, agents, clock, store = _admit_world()
-    run(ctl, clock, 10)  # the grace, then the shrink 3->2 for job 50
-    assert slurm.jobs[10].node_count == 2 and ("signal", (10, "USR1")) in slurm.calls
-    slurm.add_job(60, ["n3"], user="bob")  # Slurm chose otherwise: a backfilled job took the freed node
-    run(ctl, clock, 40)  # 80 s: several cooldowns, still inside the backoff
-    assert len([a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]) == 1
-    run(ctl, clock, 30)  # past the backoff, job 50 still waits: one more node goes (its min 1 is kept)
-    shrinks = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]
-    assert sorted((a.params["from"], a.params["to"]) for a in shrinks) == [(2, 1), (3, 2)]
-    run(ctl, clock, 80)
-    assert slurm.jobs[10].node_count == 1
+    """Past the back-off the 2-node job still waits: one more node goes for it (the 3-node job's min 1 is kept),
+    and it starts. The node freed by the first shrink is IDLE+PLANNED (Slurm's backfill planned it for the
+    waiting job): it counts toward the job's fit, so the second shrink frees just the one node still missing.
+    Replayed (reliability_scenarios.py: admit_not_started)."""
+    r = replay("admit_not_started", Agents)
+    running, pending = r.rec.jobs["running"], r.rec.jobs["pending"]
+    shrinks = sorted((a for a in r.store.journal.list_actions(job_id=running) if a.kind == ActionKind.SHRINK),
+                     key=lambda a: a.id)
+    assert [(a.params["from"], a.params["to"], a.params["admits"]) for a in shrinks] == [
+        (3, 2, [pending]), (2, 1, [pending])]
+    assert all(a.state == ActionState.APPLIED for a in shrinks)
+    assert _admits(r.world.ctl, "started") == 1
 
 
 def test_shrink_to_admit_tries_again_once_a_job_that_held_the_partition_ended() -> None:

@@ -59,6 +59,18 @@ def test_free_nodes_count_towards_the_pending_job() -> None:
     assert d.target_nodes == 2 and d.shrink is not None and d.shrink.released_nodes == ("n3",)
 
 
+def test_a_node_slurm_planned_for_the_pending_job_counts_towards_it_and_no_grow_takes_it() -> None:
+    """Measured on 22.05: the idle nodes behind a job that waits on Resources show as IDLE+PLANNED. They count
+    toward the pending job's fit (one node freed, not two) and stay out of a busy unit's grow."""
+    u = unit(job(100, nodes=("n1", "n2", "n3"), priority=10))
+    planned = node("f1", flags=("PLANNED",))
+    d = _run([u], [*_busy("n1", "n2", "n3"), planned], [pending(900, count=2, priority=100)])[100]
+    assert d.target_nodes == 2 and d.shrink is not None and d.shrink.released_nodes == ("n3",)
+    busy = unit(job(200, nodes=("b1",), priority=10), max_nodes=3)
+    d = _run([busy], [*_busy("b1"), planned], [], utils=[util(200, 99)])[200]
+    assert d.action is not Action.GROW
+
+
 def test_only_for_higher_priority_pending_jobs() -> None:
     u = unit(job(100, nodes=("n1", "n2"), priority=100))
     assert _run([u], _busy("n1", "n2"), [pending(900, priority=100)])[100].action is Action.HOLD
