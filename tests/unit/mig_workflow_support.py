@@ -12,13 +12,13 @@ from slurm_elastic.agent.mig_service import MigService
 from slurm_elastic.mig.adapters import MigStoreJournal
 from slurm_elastic.mig.catalog import load_catalog
 from slurm_elastic.mig.errors import WorkflowError
-from slurm_elastic.mig.fake import FakeMigDevice
 from slurm_elastic.mig.model import NodeLayout
 from slurm_elastic.mig.ports import JobOnNode, NodeStatus, WorkflowPorts, WorkflowSettings
 from slurm_elastic.mig.slurmconf import node_gres_value
 from slurm_elastic.mig.wire import NodeMigReport
 from slurm_elastic.mig.workflow import MigWorkflow
 from slurm_elastic.store import SqlStore
+from slurm_elastic.testing.mig_fake import FakeMigDevice
 
 NODE = "n4"
 SLURM_CONF = """ClusterName=elastic

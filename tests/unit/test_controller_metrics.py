@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.cycle import Controller, outcome_class
 from slurm_elastic.controller.metrics import ControllerMetrics, observe_cycle
-from slurm_elastic.promql_names import metric_names
+from slurm_elastic.testing.promql_names import metric_names
 from tests.unit.storehelpers import FakeClock, memory_store
 from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm
 
