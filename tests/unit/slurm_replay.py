@@ -367,3 +367,14 @@ def replay(name: str, agents_factory: Callable[[FakeClock], UtilAgents]) -> Repl
     scenario.play(world)
     runner.finish()
     return Replayed(world, store, runner, rec)
+
+
+def recorded_cli(name: str) -> tuple[SlurmCli, ReplayRunner]:
+    """The real :class:`SlurmCli` serving scenario ``name``'s recorded replies in order, for a test that needs some
+    real Slurm (a snapshot, a cycle) but not a scenario's script; ``runner.check()`` says if it went off the record."""
+    path = SCENARIO_DIR / f"{name}.json"
+    if not path.exists():
+        raise StaleRecordingError(f"no recording {path}; " + RERECORD.format(name=name))
+    runner = ReplayRunner(Recording.load(path))
+    runner_: CommandRunner = runner
+    return SlurmCli(SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)), runner

@@ -28,6 +28,7 @@ from slurm_elastic.slurm import hostlist
 from slurm_elastic.slurm.model import ClusterSnapshot, GresCount, Job, Node, Partition
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
+from tests.policy_text import UNIT, policy_text
 from tests.unit.slurm_replay import (
     SCENARIO_DIR,
     Recording,
@@ -39,17 +40,7 @@ from tests.unit.slurm_replay import (
 from tests.unit.storehelpers import FakeClock, memory_store
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-POLICY_TEXT = """
-version = 1
-moldable_start = false
-window_s = 10
-cooldown_s = 20
-grace_s = 5
-min_samples = 3
-max_metric_age_s = 30
-startup_protection_s = 0
-min_remaining_for_grow_s = 0
-"""
+POLICY_TEXT = policy_text(UNIT)
 POLICY = parse_config(POLICY_TEXT)
 SCRIPT = "#!/bin/bash\n#ELASTIC --min-nodes 1 --max-nodes 3\nsrun train\n"
 
@@ -348,9 +339,7 @@ def _admit_world(backoff_s: int = 120) -> tuple[Controller, FakeSlurm, Agents, F
     store = memory_store(clock)
     slurm = FakeSlurm(clock)
     agents = Agents(clock)
-    policy = parse_config("version = 1\nwindow_s = 10\ncooldown_s = 10\ngrace_s = 4\nmin_samples = 3\n"
-                          "max_metric_age_s = 30\nstartup_protection_s = 0\nmin_remaining_for_grow_s = 0\n"
-                          f"shrink_to_admit = true\nadmit_backoff_s = {backoff_s}\nmoldable_start = false\n")
+    policy = parse_config(policy_text(UNIT, cooldown_s=10, grace_s=4, shrink_to_admit=True, admit_backoff_s=backoff_s))
     ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,
                      store=store, collector=agents, clock=clock, metrics=ControllerMetrics())
     slurm.add_job(10, ["n1", "n2", "n3"])

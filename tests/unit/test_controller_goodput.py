@@ -33,9 +33,10 @@ from slurm_elastic.controller.goodput import (
 )
 from slurm_elastic.policy import ElasticUnit, parse_config, resolve_unit
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, DecisionFilter, ExtensionRecord
+from tests.policy_text import UNIT, policy_text
 from tests.unit.policy_builders import ext, job, spec, util
 from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY_TEXT, Agents, FakeSlurm
+from tests.unit.test_controller_cycle import Agents, FakeSlurm
 
 REPO = Path(__file__).resolve().parents[2]
 ALICE = pwd.getpwnam("alice").pw_uid if any(p.pw_name == "alice" for p in pwd.getpwall()) else None
@@ -316,7 +317,7 @@ def test_attach_ignores_a_file_the_job_user_does_not_own(tmp_path: Path) -> None
 
 
 # --- whole controller cycles ---------------------------------------------------------------------------------
-GOODPUT_POLICY = parse_config(POLICY_TEXT + "goodput = true\nmin_throughput_samples = 3\n")
+GOODPUT_POLICY = parse_config(policy_text(UNIT, goodput=True, min_throughput_samples=3))
 
 
 def run_job(tmp_path: Path, per_node: float, scaling: str, cycles: int) -> tuple[Controller, FakeSlurm]:

@@ -18,8 +18,9 @@ from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import parse_config
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import DecisionFilter, NewDecision
+from tests.policy_text import UNIT, policy_text
 from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY, POLICY_TEXT, T0, Agents, FakeSlurm, run
+from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
 
 HEARTBEAT_S = 60.0
 
@@ -147,7 +148,7 @@ def test_a_restart_starts_from_the_stored_holds_and_a_new_lease_holder_too(stead
     # what it would write, so it writes it (unchanged from its own point of view).
     _release(store)
     other = Controller(ControllerConfig(interval_s=2.0, holder="other", hold_heartbeat_s=HEARTBEAT_S),
-                       parse_config(POLICY_TEXT + "scale_up_above = 70\n"), slurm=slurm, store=store,
+                       parse_config(policy_text(UNIT, scale_up_above=70)), slurm=slurm, store=store,
                        collector=agents, clock=clock)
     run(other, clock, 3)
     rows = _rows(store)

@@ -14,10 +14,11 @@ from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import Job
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
+from tests.policy_text import UNIT, policy_text
 from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY_TEXT, T0, Agents, FakeSlurm, run
+from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
 
-MOLDABLE = parse_config(POLICY_TEXT.replace("moldable_start = false", "moldable_start = true") + "step = 2\n")
+MOLDABLE = parse_config(policy_text(UNIT, moldable_start=True, step=2))
 ELASTIC = "#!/bin/bash\n#ELASTIC --min-nodes 1\nsrun train\n"  # no --max-nodes: the request is the max
 
 
@@ -100,7 +101,7 @@ def test_dry_run_records_the_mold_and_never_calls_slurm() -> None:
 
 def test_switched_off_nothing_is_molded() -> None:
     ctl, slurm, agents, clock, store = _world()
-    ctl.policy = parse_config(POLICY_TEXT)
+    ctl.policy = POLICY
     run(ctl, clock, 2)
     assert not any(c[0] == "mold" for c in slurm.calls)
     assert store.decisions.list_decisions(DecisionFilter(job_id=50)) == []
@@ -134,6 +135,6 @@ def test_the_journal_finds_many_keys_in_one_call() -> None:
 
 def test_a_policy_that_does_not_name_it_gets_the_packaged_default_on() -> None:
     ctl, slurm, agents, clock, store = _world()
-    ctl.policy = parse_config(POLICY_TEXT.replace("moldable_start = false\n", ""))
+    ctl.policy = parse_config(policy_text(UNIT, moldable_start=None))
     run(ctl, clock, 1)
     assert ("mold", (50, 2, 4, 1200)) in slurm.calls
