@@ -33,6 +33,7 @@ from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.runner import CommandResult, CommandRunner, RetryPolicy, SlurmCommands
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind
+from tests.policy_text import UNIT, policy_text
 from tests.unit.storehelpers import FakeClock, memory_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,28 +54,10 @@ FAILING_EXT_SCRIPT = SCRIPT.replace("trap ", '[ "${SLURM_ELASTIC_ROLE:-}" = exte
 # A het job whose GPU component (offset 1) is elastic; component 0 is the batch host.
 HET_SCRIPT = SCRIPT.replace("#ELASTIC --min-nodes 1 --max-nodes 3",
                             "#ELASTIC --het-group 1 --min-nodes 1 --max-nodes 2")
-POLICY_TEXT = """
-version = 1
-window_s = 10
-cooldown_s = 20
-grace_s = 5
-min_samples = 3
-max_metric_age_s = 30
-startup_protection_s = 0
-min_remaining_for_grow_s = 0
-"""
-ADMIT_POLICY_TEXT = """
-version = 1
-window_s = 10
-cooldown_s = 10
-grace_s = 4
-min_samples = 3
-max_metric_age_s = 30
-startup_protection_s = 0
-min_remaining_for_grow_s = 0
-shrink_to_admit = true
-admit_backoff_s = 120
-"""
+# The unit tests' policy, but moldable start as packaged: a scenario replays with the policy it was recorded with.
+POLICY_TEXT = policy_text(UNIT, moldable_start=None)
+ADMIT_POLICY_TEXT = policy_text(UNIT, moldable_start=None, cooldown_s=10, grace_s=4, shrink_to_admit=True,
+                                admit_backoff_s=120)
 
 
 class UtilAgents(Protocol):

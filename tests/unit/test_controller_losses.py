@@ -21,6 +21,8 @@ from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.errors import LeaseLostError
 from slurm_elastic.store.records import DecisionFilter, ExtensionRecord
+from tests.unit.resize_scenarios import recorded_job, recorded_snapshot
+from tests.unit.slurm_replay import replay
 from tests.unit.storehelpers import FakeClock, memory_store
 from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
 
@@ -43,8 +45,8 @@ class DownSlurm(FakeSlurm):
 
 # --- find_losses, table-driven ---------------------------------------------------------------------------------
 def _job(job_id: int, state: str, nodes: tuple[str, ...]) -> Job:
-    job = FakeSlurm(FakeClock(T0)).add_job(job_id, list(nodes) or ["n2"])
-    return replace(job, state=state, nodes=nodes, node_count=max(1, len(nodes)))
+    """A job recorded from the test cluster, renumbered, in ``state`` on ``nodes``."""
+    return replace(recorded_job(job_id, nodes or ("n2",)), state=state, nodes=nodes, node_count=max(1, len(nodes)))
 
 
 def _rec(job_id: int, state: str, nodelist: str, *, parent: int = 10, ended: bool = False) -> ExtensionRecord:
@@ -55,15 +57,16 @@ def _rec(job_id: int, state: str, nodelist: str, *, parent: int = 10, ended: boo
 
 def _snap(jobs: list[Job], down: dict[str, tuple[str, tuple[str, ...]]] | None = None,
           gone: tuple[str, ...] = ()) -> ClusterSnapshot:
-    base = FakeSlurm(FakeClock(T0))
+    """The test cluster's nodes and partitions as recorded, all in use (MIXED) but ``down``, without ``gone``."""
+    base = recorded_snapshot()
     nodes = tuple(replace(n, state=(down or {}).get(n.name, ("MIXED", ()))[0],
                           state_flags=(down or {}).get(n.name, ("MIXED", ()))[1])
                   for n in base.nodes if n.name not in gone)
-    return ClusterSnapshot(taken_at=T0, jobs=tuple(jobs), nodes=nodes, partitions=base.snapshot().partitions)
+    return ClusterSnapshot(taken_at=T0, jobs=tuple(jobs), nodes=nodes, partitions=base.partitions)
 
 
 def _unit(exts: tuple[ExtensionJob, ...] = ()) -> ElasticUnit:
-    leader = FakeSlurm(FakeClock(T0)).add_job(10, ["n1"])
+    leader = recorded_job(10, ("n1",))
     return ElasticUnit(job=leader, spec=ElasticSpec(min_nodes=1, max_nodes=4), extensions=exts)
 
 
@@ -294,40 +297,36 @@ def test_node_down_under_a_running_extension_then_node_fail_is_one_loss() -> Non
 
 
 def test_a_failed_extension_is_still_backed_off_and_is_not_a_loss() -> None:
-    clock = FakeClock(T0)
-    ctl, slurm, agents, store, ext_id = _grown(clock)
-    slurm.jobs[ext_id] = replace(slurm.jobs[ext_id], state="FAILED")
-    ctl.reconcile()
-    run(ctl, clock, 15)  # past the cooldown, inside the 60 s back-off
-    assert [c[0] for c in slurm.calls].count("submit") == 1
-    assert _losses(store) == []
+    """The recorded extension job exits 3 at once: its FAILED end is its own, not Slurm's taking."""
+    r = replay("grow_extension_fails", Agents)
+    busy = r.rec.jobs["busy"]
+    assert len(r.runner.ran("runuser")) == 1  # 15 cycles past the cooldown, inside the 60 s back-off
+    assert r.store.decisions.list_decisions(DecisionFilter(job_id=busy, reason="GROW_BACKOFF"))
+    assert [d for d in r.store.decisions.list_decisions(DecisionFilter(job_id=busy)) if d.reason in LOSS] == []
 
 
-def _preempted_extension(clock: FakeClock) -> tuple[SqlStore, FakeSlurm, ElasticUnit]:
+def _preempted_extension(clock: FakeClock) -> tuple[SqlStore, ClusterSnapshot, ElasticUnit]:
     """Job 10 whose extension 11 (on n2, recorded RUNNING) Slurm has just preempted."""
     store = memory_store(clock)
-    slurm = FakeSlurm(clock)
-    slurm.add_job(10, ["n1"])
-    ext = slurm.add_job(11, ["n2"])
-    slurm.jobs[11] = replace(ext, state="PREEMPTED")
+    ext = _job(11, "PREEMPTED", ("n2",))
     store.jobs.record_extension(job_id=11, parent_job_id=10, node_count=1, state="RUNNING", nodelist="n2")
-    return store, slurm, _unit((_ext(slurm.jobs[11]),))
+    return store, _snap([recorded_job(10, ("n1",)), ext]), _unit((_ext(ext),))
 
 
 def test_dry_run_records_losses_too() -> None:
     clock = FakeClock(T0)
-    store, slurm, unit = _preempted_extension(clock)
+    store, snap, unit = _preempted_extension(clock)
     rec = LossRecorder(store)
     cycle = store.decisions.begin_cycle(holder="t", dry_run=True)
-    assert len(rec.record(cycle, {10: unit}, slurm.snapshot(), clock())) == 1
-    assert rec.record(cycle, {10: unit}, slurm.snapshot(), clock()) == []
+    assert len(rec.record(cycle, {10: unit}, snap, clock())) == 1
+    assert rec.record(cycle, {10: unit}, snap, clock()) == []
 
 
 def test_a_controller_that_lost_the_lease_records_no_loss_and_the_new_holder_records_it_once() -> None:
     """HA handover: the old holder found the loss unrecorded, but its lease expired and the standby took it
     before it wrote. Its write is fenced off (nothing written); the new holder records the loss exactly once."""
     clock = FakeClock(T0)
-    store, slurm, unit = _preempted_extension(clock)
+    store, snap, unit = _preempted_extension(clock)
     old = store.lease.acquire("ctl-a", timedelta(seconds=10))
     assert old is not None
     clock.advance(11)
@@ -335,11 +334,11 @@ def test_a_controller_that_lost_the_lease_records_no_loss_and_the_new_holder_rec
     assert new is not None
     cycle = store.decisions.begin_cycle(holder="ctl-a")
     with pytest.raises(LeaseLostError):
-        LossRecorder(store).record(cycle, {10: unit}, slurm.snapshot(), clock(), fencing=old.token())
+        LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=old.token())
     assert _losses(store) == []
     cycle = store.decisions.begin_cycle(holder="ctl-b")
-    assert len(LossRecorder(store).record(cycle, {10: unit}, slurm.snapshot(), clock(), fencing=new.token())) == 1
-    assert LossRecorder(store).record(cycle, {10: unit}, slurm.snapshot(), clock(), fencing=new.token()) == []
+    assert len(LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=new.token())) == 1
+    assert LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=new.token()) == []
     assert len(_losses(store)) == 1
 
 
@@ -355,7 +354,7 @@ def test_extension_qos_config() -> None:
 
 
 def test_extension_request_uses_the_extension_qos_and_keeps_no_kill_no_requeue() -> None:
-    leader = FakeSlurm(FakeClock(T0)).add_job(10, ["n1"])  # QOS normal
+    leader = recorded_job(10, ("n1",))  # QOS normal
     own = build_request(leader, ["n2"], "grow:10:1", T0, rendezvous="h:1")
     scav = build_request(leader, ["n2"], "grow:10:1", T0, rendezvous="h:1", qos="scavenger")
     assert "--qos=normal" in own.sbatch_args and "--qos=scavenger" not in own.sbatch_args
@@ -364,24 +363,12 @@ def test_extension_request_uses_the_extension_qos_and_keeps_no_kill_no_requeue()
 
 
 def test_the_controller_submits_extensions_in_the_configured_qos() -> None:
-    clock = FakeClock(T0)
-    seen: list[tuple[str, ...]] = []
-
-    class Recording(FakeSlurm):
-        def submit_as(self, user, script, sbatch_args, env=None):  # type: ignore[no-untyped-def]
-            seen.append(tuple(sbatch_args))
-            return super().submit_as(user, script, sbatch_args, env)
-
-    slurm, agents = Recording(clock), Agents(clock)
-    cfg = parse_controller_config("version = 1\n[controller]\ninterval_s = 2\nholder = 't'\n"
-                                  "[extension]\nqos = 'scavenger'\n")
-    ctl = Controller(cfg, POLICY, slurm=slurm, store=memory_store(clock), collector=agents,
-                     clock=clock)
-    slurm.add_job(10, ["n1"])
-    agents.util[("n1", 10)] = 95.0
-    run(ctl, clock, 8)
-    assert seen and all("--qos=scavenger" in args for args in seen)
-    assert slurm.jobs[10].qos == "normal"  # the leader is never moved
+    r = replay("grow_in_extension_qos", Agents)
+    (submit,) = r.runner.ran("runuser")
+    assert "--qos=scavenger" in submit and "--qos=normal" not in submit
+    assert not [c for c in r.runner.calls if c[:2] == ["scontrol", "update"]]  # the leader is never moved
+    busy = r.rec.jobs["busy"]
+    assert [e.job_id for e in r.store.jobs.extensions(busy)] == [r.rec.jobs["ext"]]
 
 
 def test_extensions_ended_since_keeps_the_active_and_the_recently_ended() -> None:

@@ -19,7 +19,9 @@ from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.extension import build_request, leader_file
 from slurm_elastic.controller.notices import NoticeBoard, NoticeError
+from slurm_elastic.slurm.model import Job
 from slurm_elastic.store.records import ActionKind, ActionState
+from tests.unit.resize_scenarios import recorded_job
 from tests.unit.storehelpers import FakeClock, memory_store
 from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
 
@@ -104,9 +106,9 @@ def test_gate_join_waits_for_the_acknowledgement_or_posts_a_fresh_notice(tmp_pat
 
 
 # --- the controller's board ------------------------------------------------------------------------------------
-def _job(tmp_path: Path, user: str = ME):  # type: ignore[no-untyped-def]
-    slurm = FakeSlurm(FakeClock(T0))
-    return replace(slurm.add_job(42, ["n1", "n2"]), working_dir=str(tmp_path), user=user)
+def _job(tmp_path: Path, user: str = ME) -> Job:
+    """Job 42 (a job recorded from the test cluster) of ``user``, working in ``tmp_path``."""
+    return replace(recorded_job(42, ("n1", "n2")), working_dir=str(tmp_path), user=user)
 
 
 def test_board_writes_reads_and_withdraws(tmp_path: Path) -> None:
@@ -213,10 +215,10 @@ def test_grow_posts_a_notice_before_the_extension_and_passes_its_grace(tmp_path:
 
 
 def test_extension_request_carries_the_grace_and_appends_to_the_leaders_file() -> None:
-    slurm = FakeSlurm(FakeClock(T0))
-    leader = replace(slurm.add_job(42, ["n1"]), standard_output="/w/slurm-%j.out", standard_error="/w/%x-%5j.err")
+    leader = replace(recorded_job(42, ("n1",)), standard_output="/w/slurm-%j.out", standard_error="/w/%x-%5j.err")
     req = build_request(leader, ["n2"], "grow:42:1", T0, rendezvous="h:1", notice_grace_s=7.5)
     args = dict(a.split("=", 1) for a in req.sbatch_args if "=" in a)
-    assert args["--output"] == "/w/slurm-42.out" and args["--error"] == "/w/train-00042.err"
+    assert args["--output"] == "/w/slurm-42.out" and args["--error"] == f"/w/{leader.name}-00042.err"
+    assert leader.name == "scenario-idle"
     assert req.env["SLURM_ELASTIC_NOTICE_GRACE"] == "7.5"
     assert leader_file("/w/%N-%j-%%j.out", leader) == "/w/%N-42-%%j.out"
