@@ -369,7 +369,8 @@ cmd_stop_slurm() {
 }
 
 cmd_stop() {
-  if daemon_up slurmctld; then in_root timeout 30 scancel --full --quiet -u root,alice,bob || true; fi
+  local u  # one user each: 26.05's scancel refuses a list ("Invalid user name: root,alice,bob")
+  if daemon_up slurmctld; then for u in root alice bob; do in_root timeout 30 scancel --full --quiet -u "$u" || true; done; fi
   cmd_stop_slurm
   stop slurmdbd
   stop mariadbd

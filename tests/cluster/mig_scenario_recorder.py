@@ -79,6 +79,20 @@ def _restore(cluster: TestCluster, slurm_conf: str, gres_conf: str, was_drained:
         restore_node(cluster, slurm_conf, gres_conf, was_drained)
 
 
+def _restart_n4(cluster: TestCluster, daemon: str) -> None:
+    """restore_node's restart sequence, for a node whose files and Gres= are right but whose state is not."""
+    print(f"record: {NODE} is {_node(cluster)['State']}: restarting its slurmd and slurmctld", file=sys.stderr)
+    for argv in ([daemon, "stop-slurmd", NODE], [daemon, "restart-slurmctld"], [daemon, "start-slurmd", NODE]):
+        cluster.run(argv, check=True)
+    deadline = time.monotonic() + 60
+    while _invalid(_node(cluster)["State"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _invalid(state: str) -> bool:
+    return "INVAL" in state or state.split("+", maxsplit=1)[0] in ("DOWN", "UNKNOWN", "FAIL")
+
+
 def record(cluster: TestCluster, scenario: MigScenario) -> MigRecording:
     deadline = time.monotonic() + 120  # the lock's previous holder may still be cancelling its jobs
     while (active := [j.job_id for j in cluster.jobs() if j.state in ACTIVE]) and time.monotonic() < deadline:
@@ -131,6 +145,8 @@ def record(cluster: TestCluster, scenario: MigScenario) -> MigRecording:
         if jobs:
             cluster.cancel(*jobs.values())
         _restore(cluster, slurm_conf, gres_conf, was_drained)
+        if _invalid(_node(cluster)["State"]):  # e.g. INVAL after a reconfigure, the files already back:
+            _restart_n4(cluster, daemon)  # restore_node saw nothing to do
         if not was_drained and "DRAIN" in _node(cluster)["State"]:  # restore_node returns early when the
             cluster.run(["scontrol", "update", f"NodeName={NODE}", "State=RESUME"])  # files were never changed
         for dev in made:

@@ -9,14 +9,21 @@ no Slurm behaviour (holds, pauses, explain): any Slurm write, or a command the r
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import os
+import pwd
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
+from pathlib import Path
 
+from slurm_elastic import goodput
 from slurm_elastic.controller.metrics import observe_cycle
+from slurm_elastic.slurm import hostlist
 from slurm_elastic.slurm.adapter import SlurmCli
+from slurm_elastic.slurm.openapi import parse_squeue
 from slurm_elastic.slurm.runner import CommandResult, CommandRunner, RetryPolicy, SlurmCommands
 from slurm_elastic.store.records import PauseScope
 from tests.unit.slurm_replay import (
+    POLICY_TEXT,
     RERECORD,
     SCENARIO_DIR,
     SCENARIOS,
@@ -24,11 +31,16 @@ from tests.unit.slurm_replay import (
     STEP_S,
     JobSpec,
     Recording,
+    Replayed,
+    ReplayRunner,
     Scenario,
     StaleRecordingError,
+    UtilAgents,
     World,
+    build_world,
     command_key,
 )
+from tests.unit.storehelpers import FakeClock
 
 GPU_NODES = ("n1", "n2", "n3", "n4")  # the test cluster's GPU nodes (n5, n6 are cold, powered down)
 
@@ -79,6 +91,42 @@ def _jobs_end(w: World) -> None:
     w.cycles(3)  # the ended jobs are listed for several cycles
 
 
+def _goodput(per_node: float, scaling: str, cycles: int) -> Callable[[World], None]:
+    """The leader, 95% busy on every node of its unit, publishes ``per_node`` samples/s per node (``linear``) or
+    in all (``flat``), one unlabelled report per cycle, in its own directory: the controller attributes them to
+    sizes. A grow's extension job is waited for until Slurm runs it."""
+
+    def script(w: World) -> None:
+        leader = w.jobs["leader"]
+        slurm = w.ctl.slurm
+        assert isinstance(slurm, SlurmCli)
+        job = slurm.job(leader)  # its working directory as Slurm says (replay: moved to the test's)
+        w.check()
+        assert job is not None and job.working_dir
+        path = Path(job.working_dir) / ".slurm-elastic" / f"goodput-{leader}.jsonl"
+        path.parent.mkdir(exist_ok=True)
+        pw = pwd.getpwnam(job.user)
+        grown = 0
+        for _ in range(cycles):
+            exts = [e for e in w.ctl.store.jobs.extensions(leader) if e.ended_at is None]
+            util = {(n, leader): 95.0 for n in w.nodes["leader"]}
+            util.update({(n, e.job_id): 95.0 for e in exts for n in hostlist.expand(e.nodelist)})
+            w.agents.util = util
+            size = len(w.nodes["leader"]) + sum(e.node_count for e in exts)
+            value = per_node * size if scaling == "linear" else per_node
+            assert goodput.publish(samples_per_s=value, at=w.clock().timestamp(), path=str(path))
+            for f in (path.parent, path):
+                os.chown(f, pw.pw_uid, pw.pw_gid)  # published by the job's user
+            w.cycles(1)
+            for e in w.ctl.store.jobs.extensions(leader)[grown:]:
+                grown += 1
+                w.jobs[f"ext{grown}"] = e.job_id
+                w.wait(f"ext{grown}", "RUNNING")
+
+    return script
+
+
+GOODPUT_POLICY_TEXT = POLICY_TEXT + "\ngoodput = true\nmin_throughput_samples = 3\n"
 # A serving job (controller/serving.py reads what it publishes in its working directory).
 SERVING_SCRIPT = SCRIPT.replace("#ELASTIC --min-nodes 1 --max-nodes 3",
                                 "#ELASTIC --serving --slo-p99 50ms --min-nodes 1 --max-nodes 3")
@@ -98,6 +146,12 @@ MORE: tuple[Scenario, ...] = (
              "and listed as ended for a few cycles",
              (JobSpec("elastic", 1, util=60.0), JobSpec("rigid", 1, user="bob", elastic=False),
               JobSpec("waiting", 3, user="bob", elastic=False, pending=True)), _jobs_end),
+    Scenario("goodput_linear", "a busy 1-node job publishing throughput that scales linearly grows to 2, then "
+             "to 3 on the measured throughput", (JobSpec("leader", 1, own_dir=True),), _goodput(100.0, "linear", 40),
+             policy_text=GOODPUT_POLICY_TEXT),
+    Scenario("goodput_flat", "a busy 1-node job whose throughput stays flat grows to 2 (utilization), is shrunk "
+             "back to 1 on the measured throughput and not grown again", (JobSpec("leader", 1, own_dir=True),),
+             _goodput(500.0, "flat", 70), policy_text=GOODPUT_POLICY_TEXT),
     Scenario("serving_steady", "a 1-node serving job (SLO p99 50 ms), read as a steady cluster by steady_cli",
              (JobSpec("serving", 1, script=SERVING_SCRIPT),), _watch),
 )
@@ -141,13 +195,15 @@ class SteadyRunner:
             raise self.error
 
 
-def _relocated(squeue_json: str, working_dir: str) -> str:
+def _relocated(squeue_json: str, working_dir: str, recorded: str | None = "/tmp") -> str:
     """The reply with the jobs' recorded working directory (/tmp: slurm_replay says why) moved to
     ``working_dir``, as Slurm (22.05) writes it: slashes escaped."""
-    recorded = '"current_working_directory": "\\/tmp"'
-    if recorded not in squeue_json:
-        raise StaleRecordingError(f"no job with the working directory /tmp in the recording ({recorded})")
-    return squeue_json.replace(recorded, '"current_working_directory": ' + json.dumps(working_dir).replace("/", "\\/"))
+    def field(d: str | None) -> str:
+        return '"current_working_directory": ' + json.dumps(d).replace("/", "\\/")
+
+    if field(recorded) not in squeue_json:
+        raise StaleRecordingError(f"no job with the working directory {recorded} in the recording")
+    return squeue_json.replace(field(recorded), field(working_dir))
 
 
 def steady_cli(name: str, working_dir: str | None = None) -> tuple[SlurmCli, SteadyRunner]:
@@ -159,3 +215,30 @@ def steady_cli(name: str, working_dir: str | None = None) -> tuple[SlurmCli, Ste
     runner = SteadyRunner(Recording.load(path), working_dir)
     runner_: CommandRunner = runner
     return SlurmCli(SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)), runner
+
+
+def replay_in(name: str, agents_factory: Callable[[FakeClock], UtilAgents], working_dir: Path) -> Replayed:
+    """:func:`slurm_replay.replay` with the recorded leader's own working directory moved to ``working_dir``
+    (a scenario whose job publishes files there: JobSpec.own_dir)."""
+    path = SCENARIO_DIR / f"{name}.json"
+    if not path.exists():
+        raise StaleRecordingError(f"no recording {path}; " + RERECORD.format(name=name))
+    rec = Recording.load(path)
+    leader = rec.jobs[SCENARIOS[name].jobs[0].name]
+    squeue = [c for c in rec.commands if c["argv"][:3] == ["squeue", "--all", "--json"]]
+    recorded = next(j.working_dir for c in squeue for j in parse_squeue(json.loads(c["stdout"]))[1]
+                    if j.job_id == leader)
+    for c in squeue:
+        c["stdout"] = _relocated(c["stdout"], str(working_dir), recorded)
+    for c in rec.commands:  # an extension job runs where its leader does
+        c["argv"] = [f"--chdir={working_dir}" if a == f"--chdir={recorded}" else a for a in c["argv"]]
+    runner = ReplayRunner(rec)
+    runner_: CommandRunner = runner
+    commands = SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)
+    clock = FakeClock(rec.clock_start)
+    world, store = build_world(SCENARIOS[name], commands, clock, agents_factory(clock), rec.jobs, rec.nodes,
+                               rec.extension_env, wait=lambda _job, _state: None)
+    world.check = runner.check
+    SCENARIOS[name].play(world)
+    runner.finish()
+    return Replayed(world, store, runner, rec)

@@ -135,6 +135,10 @@ MIG_SCENARIOS: dict[str, MigScenario] = {s.name: s for s in (
                 "nothing changed", _apply, ABORTED, job="long", settings={"wait_timeout_s": 3.0}),
     MigScenario("drained_node_stays_drained", "n4 was drained by an operator: applied, and left drained with "
                 "the operator's reason", _apply, APPLIED, drained="bad fan"),
+    MigScenario("verify_fails_after_reconfigure", "apply_mode reconfigure, which 22.05 does not honour for a "
+                "changed Gres= (docs/mig.md section 8): verify times out (5 s), everything is undone, n4 held "
+                "drained naming verify; then how Slurm shows n4", _apply_then_look, MigStepOutcome.FAILED,
+                settings={"apply_mode": "reconfigure", "verify_timeout_s": 5.0}),
     MigScenario("crash_then_resume", "the process dies after the GPUs changed, before the GRES files; "
                 "resume-workflows finishes the workflow", _crash_then_resume, APPLIED),
     MigScenario("crash_then_rollback", "the process dies after the GRES files were written; resume-workflows "

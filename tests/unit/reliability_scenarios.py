@@ -1,5 +1,6 @@
-"""Recorded controller scenarios under faults (docs/reliability.md F4, F5, bugs 5 and 7) and on a
-metrics source that goes away (tests/unit/test_prometheus_source.py); not a test module.
+"""Recorded controller scenarios under faults (docs/reliability.md F4, F5, bugs 5 and 7), on a metrics source that
+goes away (tests/unit/test_prometheus_source.py) and a shrink-to-admit whose job Slurm does not start
+(tests/unit/test_controller_cycle.py); not a test module.
 
 Registered in slurm_replay.SCENARIOS on import, so ``scripts/record-slurm-scenarios NAME`` records them and
 :func:`slurm_replay.replay` plays them. Slurm refusing an action cannot be had on demand from a healthy cluster, so
@@ -18,6 +19,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +27,8 @@ from typing import cast
 
 from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.slurm.adapter import SlurmCli
-from slurm_elastic.slurm.runner import CommandResult, CommandRunner
-from tests.unit.slurm_replay import SCENARIOS, JobSpec, Scenario, World
+from slurm_elastic.slurm.runner import CommandResult, CommandRunner, SlurmCommands
+from tests.unit.slurm_replay import ADMIT_POLICY_TEXT, SCENARIOS, JobSpec, Scenario, World
 from tests.unit.storehelpers import file_store
 from tests.unit.test_store_failures import can_mount_tmpfs
 
@@ -235,6 +237,71 @@ def _extension_on_dead_node(w: World) -> None:
             cmd.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
 
 
+def _admit_not_started(w: World) -> None:
+    """Shrink-to-admit, and Slurm starts another job instead: between the shrink's intent and its grace signal a
+    1-node job of root's (top priority) takes the only free node, so the freed one alone cannot start the pending
+    2-node job. Submitted and cancelled through the controller's own runner: both runs have the same commands."""
+    cmd = cast(SlurmCli, w.ctl.slurm).cmd
+    taken: list[str] = []
+
+    def take_the_free_node(step: str) -> None:
+        if step == "shrink:after-intent" and not taken:
+            (free,) = [n for n in GPU_NODES if n not in w.nodes["running"]]
+            taken.append(cmd.run(["sbatch", "--parsable", "-N1", f"--nodelist={free}", "--gres=gpu:4", "--time=30",
+                                  "--priority=1000000", "--job-name=scenario-backfill", "--chdir=/tmp",
+                                  "--output=/dev/null", "--wrap=sleep 600"]).stdout.strip())
+
+    w.ctl.actuator.fault = take_the_free_node
+    try:
+        w.cycles(10)  # the grace, then the shrink 3 -> 2 for the pending job; the free node was taken before
+        w.ctl.actuator.fault = lambda _step: None
+        w.cycles(40)  # 80 s: the admitted job did not start; several cooldowns, still inside the back-off
+        w.cycles(30)  # past the back-off (120 s), the job still waits: one more node goes
+        w.cycles(10)
+    finally:
+        for job in taken:
+            cmd.run(["scancel", job])
+
+
+def _node_state(cmd: SlurmCommands, node: str) -> str:
+    text = cmd.run(["scontrol", "show", "node", node]).stdout
+    return next((x.split("=", 1)[1] for x in text.split() if x.startswith("State=")), "?")
+
+
+def _cold_node_boots(w: World) -> None:
+    """n5 (a cold node, powered down) is powered up: the controller's cycles run while it boots (3 s here). Then,
+    booted, it is switched off again and the scenario waits until it is powered down, as the power-saving cluster
+    test leaves it (a node left DOWN or NOT_RESPONDING is resumed and forced down once more). The polls go
+    through the runner and are recorded, so the replay goes the same way; only the recording sleeps between them
+    (its runner has the cluster's environment)."""
+    cmd = cast(SlurmCli, w.ctl.slurm).cmd
+    recording = "SLURM_CONF" in cmd.env
+
+    def until(done: Callable[[str], bool], what: str) -> str:
+        for _ in range(120):
+            state = _node_state(cmd, "n5")
+            if done(state):
+                return state
+            if recording:
+                time.sleep(0.5)  # a poll of the live cluster while recording, never in a replay
+        raise AssertionError(f"n5 never {what} (State={state}); power it down by hand: scontrol update "
+                             "NodeName=n5 State=RESUME, then State=POWER_DOWN_FORCE")
+
+    cmd.run(["scontrol", "update", "NodeName=n5", "State=POWER_UP"])
+    try:
+        w.cycles(2)
+    finally:
+        until(lambda st: "POWERING_UP" not in st, "finished booting")
+        cmd.run(["scontrol", "update", "NodeName=n5", "State=POWER_DOWN_FORCE"])
+        state = until(lambda st: ("POWERED_DOWN" in st and "POWERING" not in st) or st.startswith("DOWN"),
+                      "powered down")
+        if state.startswith("DOWN") or "NOT_RESPONDING" in state:
+            cmd.run(["scontrol", "update", "NodeName=n5", "State=RESUME"])
+            cmd.run(["scontrol", "update", "NodeName=n5", "State=POWER_DOWN_FORCE"])
+        until(lambda st: st.startswith("IDLE") and "POWERED_DOWN" in st and "POWERING" not in st
+              and "NOT_RESPONDING" not in st, "powered down")
+
+
 def _shrink_grow_then_no_metrics(w: World) -> None:
     w.cycles(8)  # the idle job is signalled, the busy one grows by an extension job
     w.wait("ext", "RUNNING")
@@ -268,6 +335,13 @@ for _s in (
     Scenario("extension_on_dead_node", "a busy 1-node job grows; the planned node goes DOWN before the sbatch: "
              "the pinned extension pends there, reconcile cancels it, the job grows onto a live node",
              (JobSpec("busy", 1, util=95.0),), _extension_on_dead_node),
+    Scenario("admit_not_started", "a 3-node job in band shrinks to 2 for a pending 2-node job, but another job "
+             "takes the only free node first: the pending job does not start; after the back-off one more node goes",
+             (JobSpec("running", 3, util=60.0, priority=100),
+              JobSpec("pending", 2, user="bob", elastic=False, priority=100000, pending=True)),
+             _admit_not_started, policy_text=ADMIT_POLICY_TEXT),
+    Scenario("cold_node_boots", "a 1-node job; the cold node n5 is powered up and boots during two cycles",
+             (JobSpec("job", 1, util=50.0),), _cold_node_boots),
     Scenario("shrink_grow_then_no_metrics", "a busy 1-node job grows, an idle 2-node job shrinks to 1; then no "
              "node's metrics answer", (JobSpec("busy", 1, util=95.0), JobSpec("idle", 2, util=5.0)),
              _shrink_grow_then_no_metrics),

@@ -9,8 +9,16 @@ first replies, for tests that need real Slurm jobs and nodes but no Slurm behavi
 from __future__ import annotations
 
 import functools
+import os
+import pwd
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
+from slurm_elastic import resize
+from slurm_elastic.controller.cycle import Controller
+from slurm_elastic.controller.notices import NoticeBoard
+from slurm_elastic.resize import Ack, Notice
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from tests.policy_text import UNIT, policy_text
@@ -31,6 +39,7 @@ from tests.unit.slurm_replay import (
 MOLD_SCRIPT = SCRIPT.replace("#ELASTIC --min-nodes 1 --max-nodes 3", "#ELASTIC --min-nodes 1")
 MOLD_POLICY_TEXT = policy_text(UNIT, moldable_start=True, step=2)
 GPU_NODES = ("n1", "n2", "n3", "n4")  # the test cluster's GPU nodes (n5, n6 are cold, powered down)
+PLAIN_SCRIPT = "#!/bin/bash\nwhile :; do sleep 5 & wait $!; done\n"  # a rigid job (the recorder's PLAIN)
 
 
 def _shrink_then_grow(w: World) -> None:
@@ -74,6 +83,92 @@ def _extension_qos(w: World) -> None:
     w.ctl.actuator.extension_qos = "scavenger"
 
 
+def _preempted(w: World) -> None:
+    """The leader grows by a scavenger extension onto the last free node; a --qos=high job then needs that node
+    and Slurm preempts the extension. The high job is submitted through the controller's own SlurmCli, so its
+    sbatch and the reply (its id) are in the recording like the controller's commands."""
+    _extension_qos(w)
+    w.cycles(8)  # the grow: an extension job on the only free node
+    w.wait("ext", "RUNNING")
+    busy = w.jobs["busy"]
+    (ext,) = w.ctl.store.jobs.extensions(busy)
+    assert ext.nodelist is not None
+    w.agents.util[(ext.nodelist, ext.job_id)] = 95.0  # busy there too: at its max (2 of 3 would grow on)
+    w.cycles(2)
+    w.jobs["high"] = w.ctl.slurm.submit_as("bob", PLAIN_SCRIPT, ["--qos=high", "--nodes=1", "--gres=gpu:4",
+                                                                  "--time=30", "--job-name=scenario-high",
+                                                                  "--chdir=/tmp", "--output=/dev/null"])
+    w.wait("high", "RUNNING")  # Slurm preempted the extension for it
+    w.cycles(1)
+    w.reconcile()  # closes the extension's record with Slurm's state
+    w.cycles(14)  # the loss starts the cooldown (20 s); after it, no free node: no regrow, no back-off
+    w.ctl = Controller(w.ctl.cfg, w.ctl.policy, slurm=w.ctl.slurm, store=w.ctl.store, collector=w.ctl.collector,
+                       clock=w.clock)  # restarted on the same store: records the loss no second time
+    w.reconcile()
+    w.cycles(1)
+
+
+class LocalBoard(NoticeBoard):
+    """The controller's resize notices in a directory of this run's own, as if the job ran there as this process's
+    user. Notices are files beside the job, not Slurm: a recorded job's working directory (root's /tmp, the job
+    alice's) takes none, here or on a test machine, so both runs put them where the test can read and answer them.
+    """
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="slurm-elastic-notices-"))
+        self.user = pwd.getpwuid(os.getuid()).pw_name
+
+    def here(self, job: Job) -> Job:
+        return replace(job, working_dir=str(self.dir), user=self.user)
+
+    def path(self, unit_id: int) -> str:
+        return str(self.dir / ".slurm-elastic" / f"resize-{unit_id}.json")
+
+    def post(self, job: Job, unit_id: int, notice: Notice) -> str:
+        return super().post(self.here(job), unit_id, notice)
+
+    def acknowledgement(self, job: Job, unit_id: int, notice_id: str) -> Ack | None:
+        return super().acknowledgement(self.here(job), unit_id, notice_id)
+
+    def withdraw(self, job: Job, unit_id: int, notice_id: str) -> bool:
+        return super().withdraw(self.here(job), unit_id, notice_id)
+
+
+def _local_board(w: World) -> None:
+    w.ctl.actuator.notices = LocalBoard()
+
+
+def board(w: World) -> LocalBoard:
+    notices = w.ctl.actuator.notices
+    assert isinstance(notices, LocalBoard)
+    return notices
+
+
+def _notice_grow(w: World) -> None:
+    _local_board(w)
+    w.ctl.actuator.notice_grace_s = 12.0  # [extension] notice_grace_s
+
+
+def _shrink_at_ack(w: World) -> None:
+    """The job acknowledges the shrink notice 0.8 s after it was posted, inside the 5 s grace."""
+    path = board(w).path(w.jobs["idle"])
+    for _ in range(20):
+        w.cycles(1)
+        if resize.read_notice(path) is not None:
+            break
+    notice = resize.read_notice(path)
+    assert notice is not None
+    _cycle_1s(w)  # 2 s into the grace, not acknowledged: nothing released
+    resize.acknowledge(step=80, path=path, now=notice.time + 0.8)
+    _cycle_1s(w)  # released at the acknowledgement
+
+
+def _cycle_1s(w: World) -> None:
+    w.ctl.run_cycle()
+    w.check()
+    w.clock.advance(1.0)
+
+
 _MOLD_JOBS = (JobSpec("running", 2, util=60.0), JobSpec("waiting", 4, pending=True, script=MOLD_SCRIPT))
 
 for _s in (
@@ -92,6 +187,16 @@ for _s in (
              "decided (the packaged default), no Slurm write", _MOLD_JOBS, _mold_watch, dry_run=True),
     Scenario("mold_switched_off", "moldable_start = false: the waiting elastic job is left as it is",
              _MOLD_JOBS, _mold_watch, policy_text=policy_text(UNIT)),
+    Scenario("extension_preempted", "a busy 1-node job (bob's 2-node job beside it) grows by a scavenger "
+             "extension onto the last free node; a --qos=high job needs it and Slurm preempts the extension",
+             (JobSpec("busy", 1, util=95.0), JobSpec("filler", 2, user="bob", elastic=False)), _preempted),
+    Scenario("notice_shrink_ack", "an idle 3-node job's shrink notice is acknowledged inside the grace: the "
+             "nodes go at the acknowledgement", (JobSpec("idle", 3, util=5.0),), _shrink_at_ack,
+             prepare=_local_board),
+    Scenario("notice_shrink_no_ack", "an idle 3-node job's shrink notice is never acknowledged: the nodes go "
+             "when the grace is over", (JobSpec("idle", 3, util=5.0),), _shrink, prepare=_local_board),
+    Scenario("notice_grow", "a busy 1-node job grows with notice_grace_s = 12: its grow notice is posted before "
+             "the extension job", (JobSpec("busy", 1, util=95.0),), _grow, prepare=_notice_grow),
     Scenario("grow_in_extension_qos", "a busy 1-node job grows with [extension] qos = scavenger",
              (JobSpec("busy", 1, util=95.0),), _grow, prepare=_extension_qos),
 ):

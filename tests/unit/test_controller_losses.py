@@ -1,6 +1,12 @@
 """Slurm-side losses (controller/losses.py): an extension job preempted by Slurm or lost with a node is recorded
 once as a shrink decision (PREEMPTED_BY_SLURM / NODE_FAILURE), counts as a resize for the cooldown, and is not
-punished by the grow back-off. The real thing on the live cluster: tests/cluster/test_slurm_losses_cluster.py."""
+punished by the grow back-off. The real thing on the live cluster: tests/cluster/test_slurm_losses_cluster.py.
+
+Jobs, nodes and snapshots are parsed by the real adapter from replies recorded on the live test cluster; the
+controller tests replay recorded scenarios (tests/unit/resize_scenarios.py) where the cluster can produce the loss
+on demand (a preemption). DownSlurm/AccountingSlurm (on FakeSlurm) stay for what the shared cluster can not be
+made to do within a recording: a node failing (a killed slurmd takes ~95 s to NODE_FAIL, and takes the node from
+the others' tests), a purge from squeue (MinJobAge, 120 s), sacct failing; each such test says so."""
 
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
 LOSS = {str(Reason.PREEMPTED_BY_SLURM), str(Reason.NODE_FAILURE)}
 
 
+# FakeSlurm: nodes that fail (see the module docstring).
 class DownSlurm(FakeSlurm):
     """FakeSlurm whose nodes can be down (its snapshot otherwise derives node states from the jobs)."""
 
@@ -172,9 +179,34 @@ def _losses(store: SqlStore) -> list:  # type: ignore[type-arg]
     return [d for d in store.decisions.list_decisions(DecisionFilter(job_id=10)) if d.reason in LOSS]
 
 
-@pytest.mark.parametrize("end_state,reason", [("PREEMPTED", "PREEMPTED_BY_SLURM"), ("NODE_FAIL", "NODE_FAILURE")])
-def test_a_lost_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed_off(
-        end_state: str, reason: str) -> None:
+def test_a_preempted_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed_off() -> None:
+    """Recorded: Slurm preempts the scavenger extension for a --qos=high job (tests/unit/resize_scenarios.py)."""
+    r = replay("extension_preempted", Agents)
+    busy, ext, high = r.rec.jobs["busy"], r.rec.jobs["ext"], r.rec.jobs["high"]
+    (rec,) = r.store.jobs.extensions(busy, active_only=False)
+    assert rec.job_id == ext and rec.state == "PREEMPTED" and rec.ended_at is not None  # closed by reconcile
+    decisions = r.store.decisions.list_decisions(DecisionFilter(job_id=busy, limit=1000))
+    (loss,) = [d for d in decisions if d.reason in LOSS]  # once, through a restarted controller too
+    assert (loss.action, loss.reason, loss.current_nodes, loss.target_nodes) == ("shrink", "PREEMPTED_BY_SLURM", 2, 1)
+    assert loss.inputs["extension_job"] == ext and loss.inputs["slurm_state"] == "PREEMPTED"
+    assert loss.inputs["lost_nodes"] == [rec.nodelist]
+    # Not acted on: the controller cancelled nothing, updated nothing, submitted the one grow (bob's is the test's)
+    assert not [c for c in r.runner.calls if c[0] == "scancel" or c[:2] == ["scontrol", "update"]]
+    assert [c[2] for c in r.runner.ran("runuser")] == ["alice", "bob"]
+    # The loss counts as a resize: cooldown holds for cooldown_s = 20 s after it...
+    after = sorted((d for d in decisions if d.time >= loss.time and d.reason not in LOSS), key=lambda d: d.id)
+    within = [d for d in after if (d.time - loss.time).total_seconds() < 20]
+    assert within and all(d.action == "hold" and d.reason == "COOLDOWN" for d in within)
+    # ...and then it would grow at once (no back-off), but the high job holds the node
+    later = [d for d in after if (d.time - loss.time).total_seconds() >= 20]
+    assert later and all(d.reason == "NO_FREE_NODES" for d in later), [d.reason for d in later]
+    assert high not in {e.job_id for e in r.store.jobs.extensions(busy, active_only=False)}
+
+
+def test_a_node_failed_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed_off() -> None:
+    """FakeSlurm: a node failure on the shared live cluster (a killed slurmd, ~95 s to NODE_FAIL) is not
+    recorded on demand; tests/cluster/test_slurm_losses_cluster.py has it for real."""
+    end_state, reason = "NODE_FAIL", "NODE_FAILURE"
     clock = FakeClock(T0)
     ctl, slurm, agents, store, ext_id = _grown(clock)
     node = slurm.jobs[ext_id].nodes[0]
@@ -222,6 +254,7 @@ def test_a_lost_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed
     assert (clock() - loss_at).total_seconds() < 60
 
 
+# FakeSlurm: the extension purged from slurmctld (MinJobAge, 120 s) while no controller ran, and sacct failing.
 class AccountingSlurm(DownSlurm):
     """DownSlurm with an accounting database: the final states of jobs that left squeue (sacct)."""
 
@@ -272,6 +305,7 @@ def test_a_loss_while_the_controller_was_away_is_read_from_sacct(sacct_works: bo
         assert caplog.text.count("sacct unreadable") == 1
 
 
+# FakeSlurm: a node going NOT_RESPONDING, DOWN, then NODE_FAIL (a killed slurmd on the shared cluster).
 def test_node_down_under_a_running_extension_then_node_fail_is_one_loss() -> None:
     clock = FakeClock(T0)
     ctl, slurm, agents, store, ext_id = _grown(clock)
@@ -385,6 +419,7 @@ def test_extensions_ended_since_keeps_the_active_and_the_recently_ended() -> Non
     assert [e.job_id for e in store.jobs.extensions(active_only=True, ended_since=T0)] == [13]
 
 
+# FakeSlurm: a dead non-batch node under a --no-kill leader (a killed slurmd on the shared cluster).
 def test_a_leader_that_loses_a_non_batch_node_with_no_kill_is_recorded_once() -> None:
     """With --no-kill Slurm drops a dead non-batch node from the leader and the job goes on (measured on 22.05);
     the controller records it as NODE_FAILURE against the leader, once, and the cooldown applies."""
@@ -405,6 +440,7 @@ def test_a_leader_that_loses_a_non_batch_node_with_no_kill_is_recorded_once() ->
     assert len(_losses(store)) == 1  # once, however many cycles see it
 
 
+# FakeSlurm: released nodes that go DOWN later (downing nodes of the shared cluster).
 def test_a_node_the_controller_released_is_not_a_leader_loss() -> None:
     clock = FakeClock(T0)
     ctl, slurm, agents, store = _world(clock)
@@ -418,6 +454,7 @@ def test_a_node_the_controller_released_is_not_a_leader_loss() -> None:
     assert _losses(store) == []
 
 
+# FakeSlurm: a leader gone from squeue (23.02+ at once; on the 22.05 test cluster only after MinJobAge, 120 s).
 def test_a_leader_that_left_squeue_ends_as_sacct_has_it() -> None:
     """From 23.02 on a finished job is not in squeue --all at all: its record ends with sacct's state."""
     clock = FakeClock(T0)

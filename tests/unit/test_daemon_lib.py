@@ -1,7 +1,8 @@
 """docker-slurm/daemon-lib.sh, which the test clusters' scripts use to find and stop their own daemons: matched by
 name (also Debian's ``-wlm`` name a re-executed slurmctld gets), SLURM_CONF, root and slurmd's ``-N``; never another
-cluster's. Stand-in daemons are Python processes started through symlinks named like the daemons (the kernel names a
-process after the file it executes), so no Slurm is needed and nothing of a real cluster is touched."""
+cluster's. Stand-in daemons are Python processes started through symlinks (the kernel names a process after the
+file it executes) named ``fakectld``/``fakeslurmd``, never like a real daemon: a broken library under test must not
+be able to signal a test cluster running on this host (it once did, in a mutation check of this test)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,18 @@ class StandIns:
         return {int(p) for p in out.stdout.split()}
 
 
+def wait_term_handled(pid: int, field: str) -> None:
+    """Until the stand-in has set up its SIGTERM disposition (``SigIgn`` or ``SigCgt`` in /proc/PID/status)."""
+    deadline = time.monotonic() + 10
+    while True:
+        masks = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("Sig"))
+        if int(masks[field], 16) & (1 << (signal.SIGTERM - 1)):
+            return
+        assert time.monotonic() < deadline, f"stand-in {pid} did not set up its SIGTERM handling"
+        time.sleep(0.01)
+
+
 def alive(pid: int) -> bool:
     """Running (a zombie, exited but not yet reaped, is not)."""
     try:
@@ -103,52 +116,54 @@ def stand_ins(tmp_path: Path) -> Iterator[StandIns]:
 
 
 def test_only_this_clusters_daemons_of_that_name_are_found(stand_ins: StandIns) -> None:
-    mine = stand_ins.start("slurmctld")
-    reexecuted = stand_ins.start("slurmctld-wlm")  # what a 23.11+ slurmctld is named after a reconfigure
-    stand_ins.start("slurmctld", SLEEP, stand_ins.other_conf)  # another cluster's
-    stand_ins.start("slurmctld", SLEEP, stand_ins.conf + ".old")  # a conf path that only starts the same
-    stand_ins.start("slurmctld-wlm", extra_env={"SLURMSCRIPTD_MODE": "1"})  # its slurmscriptd, not yet renamed
-    stand_ins.start("slurmdbd")
-    assert stand_ins.pids("slurmctld") == {mine, reexecuted}
-    assert stand_ins.pids("slurmdbd") != set() and stand_ins.pids("munged") == set()
-    assert len(stand_ins.pids("slurmscriptd")) == 0  # named slurmscriptd only once it renamed itself
+    mine = stand_ins.start("fakectld")
+    reexecuted = stand_ins.start("fakectld-wlm")  # what a 23.11+ slurmctld is named after a reconfigure
+    stand_ins.start("fakectld", SLEEP, stand_ins.other_conf)  # another cluster's
+    stand_ins.start("fakectld", SLEEP, stand_ins.conf + ".old")  # a conf path that only starts the same
+    stand_ins.start("fakectld-wlm", extra_env={"SLURMSCRIPTD_MODE": "1"})  # its slurmscriptd, not yet renamed
+    stand_ins.start("fakedbd")
+    assert stand_ins.pids("fakectld") == {mine, reexecuted}
+    assert stand_ins.pids("fakedbd") != set() and stand_ins.pids("fakemunged") == set()
 
 
 def test_slurmd_is_told_apart_by_its_node(stand_ins: StandIns) -> None:
-    n1 = stand_ins.start("slurmd", SLEEP, None, "-N", "n1")
-    n12 = stand_ins.start("slurmd", SLEEP, None, "-N", "n12")
-    assert stand_ins.pids("slurmd", "n1") == {n1}
-    assert stand_ins.pids("slurmd", "n12") == {n12}
-    assert stand_ins.pids("slurmd") == {n1, n12}
+    n1 = stand_ins.start("fakeslurmd", SLEEP, None, "-N", "n1")
+    n12 = stand_ins.start("fakeslurmd", SLEEP, None, "-N", "n12")
+    assert stand_ins.pids("fakeslurmd", "n1") == {n1}
+    assert stand_ins.pids("fakeslurmd", "n12") == {n12}
+    assert stand_ins.pids("fakeslurmd") == {n1, n12}
 
 
 def test_a_release_clusters_root_must_match(stand_ins: StandIns, tmp_path: Path) -> None:
-    stand_ins.start("slurmctld")  # root / : not the daemon of a cluster whose daemons run in another root
-    assert stand_ins.pids("slurmctld", rootdir=str(tmp_path / "rootfs")) == set()
+    stand_ins.start("fakectld")  # root / : not the daemon of a cluster whose daemons run in another root
+    assert stand_ins.pids("fakectld", rootdir=str(tmp_path / "rootfs")) == set()
 
 
 def test_stop_stops_ours_only_and_waits_until_they_are_gone(stand_ins: StandIns) -> None:
-    mine = [stand_ins.start("slurmctld"), stand_ins.start("slurmctld-wlm")]
-    other = stand_ins.start("slurmctld", SLEEP, stand_ins.other_conf)
-    out = stand_ins.lib('log() { echo "LOG $*"; }\nstop_daemons slurmctld\necho done')
+    mine = [stand_ins.start("fakectld"), stand_ins.start("fakectld-wlm")]
+    other = stand_ins.start("fakectld", SLEEP, stand_ins.other_conf)
+    out = stand_ins.lib('log() { echo "LOG $*"; }\nstop_daemons fakectld\necho done')
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[-1] == "done"
-    assert f"LOG stopped slurmctld (pid {mine[0]} {mine[1]})" in out.stdout
+    assert f"LOG stopped fakectld (pid {mine[0]} {mine[1]})" in out.stdout
     assert not any(alive(p) for p in mine)
     assert alive(other)
 
 
 def test_stop_catches_the_successor_a_daemon_hands_over_to(stand_ins: StandIns, tmp_path: Path) -> None:
-    first = stand_ins.start("slurmctld", HAND_OVER)
-    out = stand_ins.lib("stop_daemons slurmctld")
+    first = stand_ins.start("fakectld", HAND_OVER)
+    wait_term_handled(first, "SigCgt")
+    out = stand_ins.lib("DAEMON_STOP_TIMEOUT=10 stop_daemons fakectld")
     assert out.returncode == 0, out.stderr
+    assert "SIGKILL" not in out.stderr  # the successor got its own SIGTERM
     assert not alive(first)
     assert not any(alive(p) for p in stand_in_pids(tmp_path)), "the successor outlived the stop"
 
 
 def test_one_that_ignores_sigterm_is_killed_after_the_bound(stand_ins: StandIns) -> None:
-    stubborn = stand_ins.start("slurmd", IGNORE_TERM, None, "-N", "n3")
-    out = stand_ins.lib("DAEMON_STOP_TIMEOUT=1 stop_daemons slurmd n3")
+    stubborn = stand_ins.start("fakeslurmd", IGNORE_TERM, None, "-N", "n3")
+    wait_term_handled(stubborn, "SigIgn")
+    out = stand_ins.lib("DAEMON_STOP_TIMEOUT=1 stop_daemons fakeslurmd n3")
     assert out.returncode == 0, out.stderr
     assert "did not stop within 1s of SIGTERM: SIGKILL" in out.stderr
     assert not alive(stubborn)

@@ -125,3 +125,21 @@ def test_a_crash_after_the_gres_files_then_rollback_restores_files_gpus_slurm_an
     assert layout(r) == {0: "off", 1: "off", 2: "off", 3: "off"}
     (after,) = r.world.looked
     assert (after.state, after.drained, gres_summary(after.gres)) == ("IDLE", False, ORIGINAL)
+
+
+def test_slurm_keeping_the_old_gres_fails_verify_and_everything_is_undone_with_the_node_held_drained() -> None:
+    r = replay("verify_fails_after_reconfigure")  # apply_mode reconfigure: 22.05 keeps Gres=, n4 INVALID_REG
+    (result,) = r.world.results
+    assert result.outcome is MigStepOutcome.FAILED, result
+    verify = step_messages(r)["verify"]
+    assert verify.startswith("verification failed: Slurm shows Gres=gpu:4,mps:400 for n4, expected gpu:3g.20gb:2")
+    assert [s for s, _, _ in result.steps][-5:] == [
+        "rollback_layout", "rollback_gres", "rollback_restart", "rollback_verify", "hold_drained"]
+    assert ["sleep", r.settings.poll_interval_s] in r.rec.clock  # it polled until the 5 s verify timeout
+    assert daemon_calls(r) == [] and len(r.runner.ran("scontrol", "reconfigure")) == 2  # forward, rollback
+    assert r.files.files == r.rec.files and layout(r) == {0: "off", 1: "off", 2: "off", 3: "off"}
+    hold = updates(r)[-1]
+    assert hold[:2] == [f"NodeName={NODE}", "State=DRAIN"] and hold[2].startswith(
+        "Reason=slurm-elastic mig #1: verify failed: verification failed: Slurm shows Gres=gpu:4,mps:400")
+    (after,) = r.world.looked
+    assert after.drained and gres_summary(after.gres) == ORIGINAL
