@@ -34,10 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_elastic.vgpu import STATE_ENV  # noqa: E402
-from slurm_elastic.vgpu.build import build_library  # noqa: E402
-from slurm_elastic.vgpu.state import make_node_state, with_process  # noqa: E402
-from slurm_elastic.vgpu.statefile import StateFile, process_starttime  # noqa: E402
+from slurm_elastic.testing.vgpu import STATE_ENV  # noqa: E402
+from slurm_elastic.testing.vgpu.build import build_library  # noqa: E402
+from slurm_elastic.testing.vgpu.state import make_node_state, with_process  # noqa: E402
+from slurm_elastic.testing.vgpu.statefile import StateFile, process_starttime  # noqa: E402
 
 WINDOW_S = 300.0
 

@@ -2,7 +2,7 @@
 
 Thin on purpose: each method is one NVML call or a short loop of them (table in :mod:`slurm_elastic.mig.device`),
 and every NVML error becomes a :class:`~slurm_elastic.mig.errors.MigDeviceError` that names the GPU, the call
-and NVML's reason. Tests run it unchanged against the virtual ``libnvidia-ml.so.1`` (:mod:`slurm_elastic.vgpu`);
+and NVML's reason. Tests run it unchanged against the virtual ``libnvidia-ml.so.1`` (:mod:`slurm_elastic.testing.vgpu`);
 docs/mig.md lists what has only been checked there.
 
 NVML must be initialised (``nvmlInit``) by the caller; handles are looked up per call, so a device object stays

@@ -1,7 +1,7 @@
 """Reading GPUs: the :class:`GpuReader` port, its NVML adapter (production) and the no-GPU adapter (degraded).
 
 :class:`NvmlGpuReader` is the production code path. Tests and the demo run it unchanged against the virtual
-``libnvidia-ml.so.1`` (:mod:`slurm_elastic.vgpu`). Rules it keeps:
+``libnvidia-ml.so.1`` (:mod:`slurm_elastic.testing.vgpu`). Rules it keeps:
 
 - a field NVML does not support is None with a reason, never 0; other per-field errors are reported and the
   sample goes on; a device that cannot be read at all is reported with its error;

@@ -8,7 +8,7 @@ Its modules are pure but one: they read no GPU, file or clock by themselves: dev
 - :mod:`~slurm_elastic.mig.catalog` - the packaged profile catalog (data/mig_profiles.yaml), strict loader
 - :mod:`~slurm_elastic.mig.validate` - layout validation and the placement search (planner)
 - :mod:`~slurm_elastic.mig.diff` - current instances -> requested layout: what to destroy and create
-- :mod:`~slurm_elastic.mig.device` / :mod:`~slurm_elastic.mig.fake` - the GPU capability and its fake
+- :mod:`~slurm_elastic.mig.device` / :mod:`~slurm_elastic.testing.mig_fake` - the GPU capability and its fake
 - :mod:`~slurm_elastic.mig.nvml_check` - NVML's report against the catalog; NVML wins
 - :mod:`~slurm_elastic.mig.parted` - NVIDIA mig-parted config import/export
 - :mod:`~slurm_elastic.mig.gres` - gres.conf lines and node ``Gres=`` counts

@@ -1,6 +1,6 @@
 """The GPU capability the MIG workflow needs, as a Protocol, plus pure helpers that read through it.
 
-One real implementation (NVML, in the agent) and one in-memory fake (:mod:`slurm_elastic.mig.fake`) satisfy
+One real implementation (NVML, in the agent) and one in-memory fake (:mod:`slurm_elastic.testing.mig_fake`) satisfy
 it, like mig-parted's ``mig/mode`` and ``mig/config`` managers. The methods mirror NVML calls one to one so
 the real adapter stays thin:
 

@@ -1,6 +1,6 @@
 """Node agents on the live cluster, for tests: one agent per node over its node's virtual GPUs.
 
-Jobs run the workload helper (``python -m slurm_elastic.vgpu.workload``), which registers its pid on the job's
+Jobs run the workload helper (``python -m slurm_elastic.testing.vgpu.workload``), which registers its pid on the job's
 GPUs; the real prolog/epilog write and remove the map files; the agent maps pids to jobs through the real
 cgroups of Slurm 22.05 and reads GPUs through pynvml over the virtual libnvidia-ml.so.1.
 """
@@ -25,9 +25,9 @@ from slurm_elastic.agent.client import AgentClient
 from slurm_elastic.agent.munge import Munge
 from slurm_elastic.agent.munge_auth import MungeClientAuth
 from slurm_elastic.agent.payload import NodeReport
-from slurm_elastic.vgpu.build import build_library
-from slurm_elastic.vgpu.state import make_node_state
-from slurm_elastic.vgpu.statefile import StateFile
+from slurm_elastic.testing.vgpu.build import build_library
+from slurm_elastic.testing.vgpu.state import make_node_state
+from slurm_elastic.testing.vgpu.statefile import StateFile
 from tests.cluster.harness import AGENT_PORT_BASE, TestCluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,7 +169,7 @@ JOB_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else s
 
 
 def workload(util: int, *, then_sleep: bool = False) -> str:
-    run = f"{JOB_PYTHON} -m slurm_elastic.vgpu.workload --util {util} --mem-mib 1000"
+    run = f"{JOB_PYTHON} -m slurm_elastic.testing.vgpu.workload --util {util} --mem-mib 1000"
     head = f"#!/bin/bash\nexport PYTHONPATH={REPO}\n"
     return f"{head}{run}\nsleep 600\n" if then_sleep else f"{head}exec {run}\n"
 

@@ -189,8 +189,8 @@ export SLURM_ELASTIC_VGPU_DIR={marker.parent.parent / "vgpu"}
 trap 'echo "grace $(date +%s.%N) role=${{SLURM_ELASTIC_ROLE:-leader}} job=$SLURM_JOB_ID" >> {marker}' USR2
 role="role=${{SLURM_ELASTIC_ROLE:-leader}} job=$SLURM_JOB_ID parent=${{SLURM_ELASTIC_PARENT:-}}"
 echo "start $(date +%s.%N) $role" >> {marker}
-srun {het_arg}--kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.vgpu.workload --util {util} \\
-  --mem-mib 500 &
+srun {het_arg}--kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.testing.vgpu.workload \\
+  --util {util} --mem-mib 500 &
 child=$!
 while kill -0 $child 2>/dev/null; do wait $child; done
 sleep 600
@@ -232,7 +232,7 @@ def util_script(cluster: TestCluster, util_file: Path, directives: str) -> str:
 export PYTHONPATH={REPO}
 export SLURM_ELASTIC_VGPU_DIR={cluster.root / "vgpu"}
 trap 'echo "grace $(date +%s) job=$SLURM_JOB_ID"' USR2
-srun --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.vgpu.workload --util 50 \\
+srun --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.testing.vgpu.workload --util 50 \\
   --util-file {util_file} --mem-mib 500 &
 child=$!
 while kill -0 $child 2>/dev/null; do wait $child; done

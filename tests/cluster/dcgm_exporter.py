@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from slurm_elastic.vgpu.statefile import StateFile, process_starttime
+from slurm_elastic.testing.vgpu.statefile import StateFile, process_starttime
 
 FAMILIES = (("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
             ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from slurm_elastic.vgpu.build import build_library
+from slurm_elastic.testing.vgpu.build import build_library
 from tests.cluster.agents_harness import REPO, Agents, prepare_agents, wait_for
 from tests.cluster.harness import TestCluster
 

@@ -1,6 +1,6 @@
 """The node agent on the live cluster: one agent per node on its own port, over its node's virtual GPUs.
 
-Jobs run the workload helper (``python -m slurm_elastic.vgpu.workload``), which registers its pid on the job's
+Jobs run the workload helper (``python -m slurm_elastic.testing.vgpu.workload``), which registers its pid on the job's
 GPUs; the real prolog/epilog write and remove the map files; the agent maps pids to jobs through the real
 cgroups of Slurm 22.05 and reads GPUs through pynvml over the virtual libnvidia-ml.so.1.
 """

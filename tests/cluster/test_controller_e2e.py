@@ -205,8 +205,8 @@ def torchrun_test_script(cluster: TestCluster) -> str:
     lines = [ln for ln in text.splitlines() if not ln.startswith("#ELASTIC")]
     head, body = lines[: lines.index("set -u")], lines[lines.index("set -u"):]
     load = (f"export PYTHONPATH={REPO} SLURM_ELASTIC_VGPU_DIR={cluster.root / 'vgpu'}\n"
-            f"srun --overlap --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.vgpu.workload "
-            "--util 90 --mem-mib 500 &")
+            f"srun --overlap --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} "
+            "-m slurm_elastic.testing.vgpu.workload --util 90 --mem-mib 500 &")
     return "\n".join([*head, DIRECTIVES, "export SLURM_ELASTIC_MIN_NODES=1 SLURM_ELASTIC_MAX_NODES=3", load,
                       *body]) + "\n"
 

@@ -41,7 +41,8 @@ if [ -z "${{SLURM_ELASTIC_ROLE:-}}" ]; then
   ( trap '' USR2
     while :; do printf '{{"time":%s,"samples_per_s":{samples_per_s}}}\\n' "$(date +%s.%N)" >> "$f"; sleep 1; done ) &
 fi
-srun --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.vgpu.workload --util 90 --mem-mib 500 &
+srun --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.testing.vgpu.workload \\
+  --util 90 --mem-mib 500 &
 child=$!
 while kill -0 $child 2>/dev/null; do wait $child; done
 sleep 600

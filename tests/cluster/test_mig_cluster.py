@@ -28,9 +28,9 @@ from slurm_elastic.mig.config import Commands
 from slurm_elastic.mig.slurmconf import gres_summary
 from slurm_elastic.mig.wire import NodeMigReport
 from slurm_elastic.store import SqlStore, sqlite_url
-from slurm_elastic.vgpu.build import build_library
-from slurm_elastic.vgpu.state import make_node_state
-from slurm_elastic.vgpu.statefile import StateFile
+from slurm_elastic.testing.vgpu.build import build_library
+from slurm_elastic.testing.vgpu.state import make_node_state
+from slurm_elastic.testing.vgpu.statefile import StateFile
 from tests.cluster.agents_harness import install_plugins, wait_for
 from tests.cluster.harness import AGENT_PORT_BASE, TestCluster
 
@@ -231,7 +231,7 @@ apply_timeout_s = 120
         if old_state is None:
             state_path.unlink(missing_ok=True)
         else:
-            StateFile(state_path).write(__import__("slurm_elastic.vgpu.state", fromlist=["parse_state"])
+            StateFile(state_path).write(__import__("slurm_elastic.testing.vgpu.state", fromlist=["parse_state"])
                                         .parse_state(old_state))
         for dev in made:
             dev.unlink(missing_ok=True)

@@ -174,7 +174,7 @@ def scrape(url: str, token: str | None = None) -> str:
 
 def test_controller_metrics_and_the_dashboard_against_real_scrapes(running: tuple[ControllerProcess, Cli, int],
                                                                    agents: Agents) -> None:
-    from slurm_elastic.promql_names import metric_names
+    from slurm_elastic.testing.promql_names import metric_names
 
     ctl, _cli, job = running
     url = f"http://127.0.0.1:{METRICS_PORT}/metrics"

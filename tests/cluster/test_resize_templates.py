@@ -47,7 +47,7 @@ def template_script(name: str, cluster: TestCluster, util_file: Path) -> str:
     # The load is no part of the template: it ignores the grace signal (scancel --full reaches its tasks too).
     load = (f"export SLURM_ELASTIC_VGPU_DIR={cluster.root / 'vgpu'}\n"
             f"srun --overlap --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c \"trap '' USR1; exec {JOB_PYTHON} "
-            f"-m slurm_elastic.vgpu.workload --util 60 --util-file {util_file} --mem-mib 500\" &")
+            f"-m slurm_elastic.testing.vgpu.workload --util 60 --util-file {util_file} --mem-mib 500\" &")
     head = lines.index("set -u")
     return "\n".join([*lines[:head], DIRECTIVES, *lines[head:at], load, *lines[at:]]) + "\n"
 

@@ -21,7 +21,6 @@ from slurm_elastic.agent.mig_service import MigService
 from slurm_elastic.mig.adapters import CliSlurm, MigStoreJournal
 from slurm_elastic.mig.catalog import Catalog, load_catalog
 from slurm_elastic.mig.errors import WorkflowError
-from slurm_elastic.mig.fake import FakeMigDevice
 from slurm_elastic.mig.model import NodeLayout
 from slurm_elastic.mig.ports import JobOnNode, NodeStatus, WorkflowPorts, WorkflowSettings
 from slurm_elastic.mig.slurmconf import gres_summary, node_gres_value
@@ -30,6 +29,7 @@ from slurm_elastic.mig.workflow import MigWorkflow
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.runner import CommandResult, SlurmCommands
 from slurm_elastic.store import SqlStore
+from slurm_elastic.testing.mig_fake import FakeMigDevice
 
 NODE = "n4"
 # Config texts for the pure plan/suggest tests (test_mig_plan_suggest.py): a 2-GPU node.

@@ -25,8 +25,8 @@ from slurm_elastic.mig.catalog import load_catalog
 from slurm_elastic.mig.errors import LayoutError
 from slurm_elastic.mig.model import Layout, NodeLayout, Placement
 from slurm_elastic.mig.wire import APPLY_PATH, MIG_PATH, answer_from_obj, report_from_obj, report_to_obj
-from slurm_elastic.vgpu.state import make_node_state, with_fault
-from slurm_elastic.vgpu.statefile import StateFile
+from slurm_elastic.testing.vgpu.state import make_node_state, with_fault
+from slurm_elastic.testing.vgpu.statefile import StateFile
 from tests.unit import vgpu_support
 from tests.unit.test_agent_auth import KEY, StubSampler, report
 

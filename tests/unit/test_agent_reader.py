@@ -19,8 +19,8 @@ from slurm_elastic.agent.payload import parse_payload
 from slurm_elastic.agent.procfs import GpuMapReader, ProcJobResolver
 from slurm_elastic.agent.reader import NvmlGpuReader
 from slurm_elastic.agent.sampler import Sampler
-from slurm_elastic.vgpu.state import with_delay, with_fault, with_mig, with_process, without_faults
-from slurm_elastic.vgpu.statefile import StateFile
+from slurm_elastic.testing.vgpu.state import with_delay, with_fault, with_mig, with_process, without_faults
+from slurm_elastic.testing.vgpu.statefile import StateFile
 from tests.unit import vgpu_support
 
 vgpu = vgpu_support.vgpu

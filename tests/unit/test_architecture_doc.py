@@ -51,12 +51,16 @@ def test_every_package_has_a_layer(graph: Graph) -> None:
 
 
 def test_the_layers_point_inward(graph: Graph) -> None:
-    """The shell is imported by the shell only; the core imports the core and the snapshot's types only."""
+    """The shell is imported by the shell and the test support only; the core imports the core and the snapshot's
+    types only; the test support (the outermost layer, drives everything) is imported by nothing."""
     _, edges = graph
     layer = {name: i for i, name in enumerate(ig.LAYERS)}
-    core, shell = layer[next(iter(ig.LAYERS))], layer[list(ig.LAYERS)[2]]
-    into_shell = [(a, b) for a, b in edges if layer[ig.layer_of(b)] == shell and layer[ig.layer_of(a)] != shell]
+    core, shell, testing = layer[next(iter(ig.LAYERS))], layer[list(ig.LAYERS)[2]], layer[list(ig.LAYERS)[-1]]
+    assert list(ig.LAYERS.values())[-1] == ("testing",)
+    into_shell = [(a, b) for a, b in edges
+                  if layer[ig.layer_of(b)] == shell and layer[ig.layer_of(a)] not in (shell, testing)]
     assert into_shell == []
+    assert [(a, b) for a, b in edges if layer[ig.layer_of(b)] == testing] == []
     out_of_core = [(a, b, sorted(used)) for (a, b), used in edges.items()
                    if layer[ig.layer_of(a)] == core and layer[ig.layer_of(b)] != core
                    and not (b == "slurm" and used == {"model"})]

@@ -8,8 +8,8 @@ from slurm_elastic.mig.catalog import load_catalog
 from slurm_elastic.mig.device import MigDevice, observe
 from slurm_elastic.mig.diff import GpuDiff, diff_gpu, diff_node
 from slurm_elastic.mig.errors import LayoutError, MigDeviceError
-from slurm_elastic.mig.fake import FakeMigDevice
 from slurm_elastic.mig.model import GpuModel, GpuState, Layout, MigInstance, NodeLayout, Placement
+from slurm_elastic.testing.mig_fake import FakeMigDevice
 
 CATALOG = load_catalog()
 H100 = CATALOG.get("H100-80GB")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from slurm_elastic.mig.catalog import load_catalog
 from slurm_elastic.mig.device import NvmlProfileInfo, report_of
-from slurm_elastic.mig.fake import FakeMigDevice
 from slurm_elastic.mig.model import Layout, Placement
 from slurm_elastic.mig.nvml_check import NoteCode, compare_with_catalog, effective_model
 from slurm_elastic.mig.validate import check_layout, plan_layout
+from slurm_elastic.testing.mig_fake import FakeMigDevice
 
 CATALOG = load_catalog()
 H200 = CATALOG.get("H200-141GB")

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from slurm_elastic.agent.mig_service import MigService
 from slurm_elastic.mig.catalog import load_catalog
-from slurm_elastic.mig.fake import FakeMigDevice
 from slurm_elastic.mig.model import Layout, NodeLayout
 from slurm_elastic.mig.plan import plan_node_change
 from slurm_elastic.mig.ports import JobOnNode, NodeStatus, WorkflowSettings
 from slurm_elastic.mig.suggest import GpuNodeView, PendingRequest, SuggestReason, suggest
 from slurm_elastic.mig.wire import NodeMigReport
+from slurm_elastic.testing.mig_fake import FakeMigDevice
 from tests.unit.mig_workflow_support import GRES_CONF, SLURM_CONF
 
 CATALOG = load_catalog()

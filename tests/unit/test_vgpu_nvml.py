@@ -12,14 +12,14 @@ from dataclasses import replace
 import pynvml
 import pytest
 
-from slurm_elastic.vgpu.state import (
+from slurm_elastic.testing.vgpu.state import (
     with_delay,
     with_fault,
     with_mig,
     with_process,
     without_pid,
 )
-from slurm_elastic.vgpu.statefile import StateFile, process_starttime
+from slurm_elastic.testing.vgpu.statefile import StateFile, process_starttime
 from tests.unit import vgpu_support
 
 vgpu = vgpu_support.vgpu

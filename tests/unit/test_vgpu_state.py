@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.vgpu.build import build_library
-from slurm_elastic.vgpu.state import (
+from slurm_elastic.testing.vgpu.build import build_library
+from slurm_elastic.testing.vgpu.state import (
     TornStateError,
     VgpuState,
     VgpuStateError,
@@ -26,8 +26,8 @@ from slurm_elastic.vgpu.state import (
     with_mig,
     with_process,
 )
-from slurm_elastic.vgpu.statefile import StateFile, process_starttime
-from slurm_elastic.vgpu.workload import VgpuWorkloadError, allocated_gpus, parse_gpu_list, state_path
+from slurm_elastic.testing.vgpu.statefile import StateFile, process_starttime
+from slurm_elastic.testing.vgpu.workload import VgpuWorkloadError, allocated_gpus, parse_gpu_list, state_path
 from tests.unit import vgpu_support
 
 
@@ -136,8 +136,8 @@ def test_concurrent_updates_lose_nothing(tmp_path: Path) -> None:
     sf = StateFile(tmp_path / "n1.state")
     sf.write(make_node_state("n1", 1))
     code = (
-        "import sys\nfrom slurm_elastic.vgpu.statefile import StateFile\n"
-        "from slurm_elastic.vgpu.state import with_process\n"
+        "import sys\nfrom slurm_elastic.testing.vgpu.statefile import StateFile\n"
+        "from slurm_elastic.testing.vgpu.state import with_process\n"
         "sf = StateFile(sys.argv[1]); base = int(sys.argv[2])\n"
         "for i in range(25):\n"
         "    sf.update(lambda s: with_process(s, base + i, (0,), sm_util=1, memory_mib=1))\n"
@@ -205,8 +205,9 @@ def test_workload_registers_changes_utilization_and_cleans_up(tmp_path: Path) ->
     env = vgpu_support.vgpu_env(sf.path, SLURMD_NODENAME="n1", SLURM_JOB_GPUS="1,3")
     env.pop("SLURM_ELASTIC_VGPU_STATE")
     env["SLURM_ELASTIC_VGPU_DIR"] = str(tmp_path)
-    p = subprocess.Popen([sys.executable, "-m", "slurm_elastic.vgpu.workload", "--util", "50", "--mem-mib", "300",
-                          "--util-file", str(util_file)], env=env, stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-m", "slurm_elastic.testing.vgpu.workload", "--util", "50",
+                          "--mem-mib", "300", "--util-file", str(util_file)],
+                         env=env, stdout=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: len(sf.read().processes) == 2)
         entries = sf.read().processes
@@ -223,7 +224,7 @@ def test_workload_registers_changes_utilization_and_cleans_up(tmp_path: Path) ->
 
 def test_workload_without_gpus_fails_clearly(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES")}
-    out = subprocess.run([sys.executable, "-m", "slurm_elastic.vgpu.workload", "--util", "5", "--state",
+    out = subprocess.run([sys.executable, "-m", "slurm_elastic.testing.vgpu.workload", "--util", "5", "--state",
                           str(tmp_path / "x.state")], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 1
     assert "no GPUs" in out.stderr

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.vgpu import FAULTS_ENV, STATE_ENV
-from slurm_elastic.vgpu.build import build_library
-from slurm_elastic.vgpu.state import make_node_state
-from slurm_elastic.vgpu.statefile import StateFile
+from slurm_elastic.testing.vgpu import FAULTS_ENV, STATE_ENV
+from slurm_elastic.testing.vgpu.build import build_library
+from slurm_elastic.testing.vgpu.state import make_node_state
+from slurm_elastic.testing.vgpu.statefile import StateFile
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_DIR = REPO / "build" / "vgpu"

@@ -1,6 +1,6 @@
 """Builds the virtual ``libnvidia-ml.so.1`` from :file:`vnvml.c` with the machine's gcc.
 
-``python -m slurm_elastic.vgpu.build OUTDIR`` prints the library's path. Idempotent: a stamp beside the library
+``python -m slurm_elastic.testing.vgpu.build OUTDIR`` prints the library's path. Idempotent: a stamp beside the library
 records a hash of the source and the compiler command, and the library is rebuilt only when either changes.
 Concurrent builds (parallel test sessions) serialize on a lock file and publish the library with a rename.
 """
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from slurm_elastic.errors import SlurmElasticError
-from slurm_elastic.vgpu import LIBRARY_NAME
+from slurm_elastic.testing.vgpu import LIBRARY_NAME
 
 SOURCE = Path(__file__).with_name("vnvml.c")
 CFLAGS = (
@@ -66,7 +66,7 @@ def build_library(outdir: str | Path, cc: str | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m slurm_elastic.vgpu.build OUTDIR", file=sys.stderr)
+        print("usage: python -m slurm_elastic.testing.vgpu.build OUTDIR", file=sys.stderr)
         return 2
     try:
         print(build_library(args[0]))

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from slurm_elastic.vgpu.state import TornStateError, VgpuState, VgpuStateError, format_state, parse_state
+from slurm_elastic.testing.vgpu.state import TornStateError, VgpuState, VgpuStateError, format_state, parse_state
 
 STATE_FILE_MODE = 0o666  # workloads of every user edit it (test cluster and demo only)
 

@@ -1,8 +1,8 @@
 """Virtual GPUs beneath nvidia-ml-py, for tests and the demo (never used in production).
 
 A small C library (:file:`vnvml.c`) built as ``libnvidia-ml.so.1`` answers the NVML calls that ``pynvml`` makes,
-from a text state file per node (:mod:`slurm_elastic.vgpu.state`, written through
-:mod:`slurm_elastic.vgpu.statefile`). Put the library on ``LD_LIBRARY_PATH`` and the state file's path in
+from a text state file per node (:mod:`slurm_elastic.testing.vgpu.state`, written through
+:mod:`slurm_elastic.testing.vgpu.statefile`). Put the library on ``LD_LIBRARY_PATH`` and the state file's path in
 ``SLURM_ELASTIC_VGPU_STATE``, and the agent's production NVML code runs unchanged against it.
 """
 

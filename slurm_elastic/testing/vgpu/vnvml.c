@@ -4,7 +4,7 @@
  * It exports the NVML symbols that nvidia-ml-py (module pynvml) calls for what slurm-elastic uses, so the
  * agent's production NVML code runs unchanged and real pynvml.NVMLError_* classes come back from real return
  * codes. The devices are described by a text file per node (path in $SLURM_ELASTIC_VGPU_STATE), written by
- * slurm_elastic/vgpu/state.py; the format is documented there. The file is re-read whenever it changes.
+ * slurm_elastic/testing/vgpu/state.py; the format is documented there. The file is re-read whenever it changes.
  *
  * Behaviour worth knowing:
  *  - A process entry counts only while /proc/<pid> exists (and, if the entry records a start time, while the
@@ -18,7 +18,7 @@
  *  - MIG: read side and write side (mode, GPU/compute instance create/destroy) follow NVML's API; writes go
  *    back to the state file under the same lock protocol as the Python writer.
  *
- * Build: python -m slurm_elastic.vgpu.build OUTDIR (gcc -shared -fPIC -fvisibility=hidden).
+ * Build: python -m slurm_elastic.testing.vgpu.build OUTDIR (gcc -shared -fPIC -fvisibility=hidden).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -476,7 +476,7 @@ static char *format_state(const state_t *s, size_t *len_out) {
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) return NULL;
-    fprintf(f, "# slurm-elastic virtual GPU state (format: slurm_elastic/vgpu/state.py)\nvgpu-state 1\n");
+    fprintf(f, "# slurm-elastic virtual GPU state (format: slurm_elastic/testing/vgpu/state.py)\nvgpu-state 1\n");
     fprintf(f, "driver %s\n", s->driver);
     if (s->clock_us) fprintf(f, "clock_us %llu\n", s->clock_us);
     for (int i = 0; i < s->ngpus; i++) {

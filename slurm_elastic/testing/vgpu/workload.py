@@ -2,7 +2,7 @@
 
 Run inside a job::
 
-    python -m slurm_elastic.vgpu.workload --util 90 --mem-mib 1000 [--duration S] [--util-file F]
+    python -m slurm_elastic.testing.vgpu.workload --util 90 --mem-mib 1000 [--duration S] [--util-file F]
 
 It registers its pid on the job's GPUs in the node's virtual GPU state, so the virtual NVML reports it as a
 process at that utilization, then sleeps. The GPUs are ``SLURM_JOB_GPUS`` (global indices on the node), else
@@ -29,9 +29,9 @@ from pathlib import Path
 from types import FrameType
 
 from slurm_elastic.errors import SlurmElasticError
-from slurm_elastic.vgpu import STATE_DIR_ENV, STATE_ENV
-from slurm_elastic.vgpu.state import VgpuState, VgpuStateError, with_process, with_utilization, without_pid
-from slurm_elastic.vgpu.statefile import StateFile, process_starttime
+from slurm_elastic.testing.vgpu import STATE_DIR_ENV, STATE_ENV
+from slurm_elastic.testing.vgpu.state import VgpuState, VgpuStateError, with_process, with_utilization, without_pid
+from slurm_elastic.testing.vgpu.statefile import StateFile, process_starttime
 
 POLL_S = 1.0
 
@@ -122,7 +122,8 @@ class _Signals:
 
 
 def run(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurm_elastic.vgpu.workload", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m slurm_elastic.testing.vgpu.workload",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--util", type=int, required=True, help="SM utilization percent (0-100)")
     parser.add_argument("--mem-mib", type=int, default=1000, help="GPU memory per GPU, MiB")
     parser.add_argument("--mem-util", type=int, default=None, help="memory utilization percent (default 0.4*util)")

@@ -155,7 +155,8 @@ def _b(flag: bool) -> int:
 def format_state(state: VgpuState) -> str:
     """The state as the C library reads it. Round-trips through :func:`parse_state`."""
     validate_state(state)
-    out = ["# slurm-elastic virtual GPU state (format: slurm_elastic/vgpu/state.py)", f"vgpu-state {FORMAT_VERSION}"]
+    out = ["# slurm-elastic virtual GPU state (format: slurm_elastic/testing/vgpu/state.py)",
+           f"vgpu-state {FORMAT_VERSION}"]
     out.append(f"driver {state.driver}")
     if state.clock_us:
         out.append(f"clock_us {state.clock_us}")

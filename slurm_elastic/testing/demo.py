@@ -18,19 +18,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
 from slurm_elastic.agent.auth import generate_key_file
+from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.slurm.adapter import SlurmCli
+from slurm_elastic.slurm.errors import SlurmError
+from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.slurm.runner import SlurmCommands
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import DecisionFilter, DecisionRecord
-from slurm_elastic.vgpu.build import build_library
-from slurm_elastic.vgpu.state import make_node_state
-from slurm_elastic.vgpu.statefile import StateFile
+from slurm_elastic.testing.vgpu.build import build_library
+from slurm_elastic.testing.vgpu.state import make_node_state
+from slurm_elastic.testing.vgpu.statefile import StateFile
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 POLICY = """version = 1
 moldable_start = false
 scale_up_above = 80
@@ -53,11 +57,22 @@ def job_script(util: int, root: Path) -> str:
 export PYTHONPATH={REPO} SLURM_ELASTIC_VGPU_DIR={root / 'vgpu'}
 trap 'echo "$(date +%T) grace signal: checkpointing (role=${{SLURM_ELASTIC_ROLE:-leader}})"' USR2
 echo "$(date +%T) start role=${{SLURM_ELASTIC_ROLE:-leader}} nodes=$SLURM_JOB_NODELIST"
-srun --kill-on-bad-exit=0 --ntasks-per-node=1 {py} -m slurm_elastic.vgpu.workload --util {util} --mem-mib 4000 &
+srun --kill-on-bad-exit=0 --ntasks-per-node=1 {py} -m slurm_elastic.testing.vgpu.workload --util {util} --mem-mib 4000 &
 child=$!
 while kill -0 $child 2>/dev/null; do wait $child; done
 sleep 3600
 """
+
+
+def leader_of(job: Job) -> int:
+    """The job's own id, or for an extension job the id of the leader it extends (from its tag)."""
+    tag = parse_tag(job.comment)
+    return tag.parent if tag else job.job_id
+
+
+def unit_sizes(snap: ClusterSnapshot, leaders: Sequence[int]) -> dict[int, int]:
+    """Nodes held by each leader's running jobs: the leader itself and its extension jobs."""
+    return {j: sum(len(x.nodes) for x in snap.jobs if x.is_running and leader_of(x) == j) for j in leaders}
 
 
 def new_decisions(db: Path, seen: set[int]) -> list[DecisionRecord] | None:
@@ -162,10 +177,8 @@ SLURM_CONF = "{self.env['SLURM_CONF']}"
                     print(f"{d.time.astimezone(UTC):%H:%M:%S}  {d.job_id:>5} {who:16} {d.action:6} "
                           f"{d.current_nodes}->{d.target_nodes}  {d.reason}: {d.message}", flush=True)
             snap = self.slurm.snapshot()
-            sizes = {j: sum(len(x.nodes) for x in snap.jobs if x.is_running and
-                            (x.job_id == j or f"parent={j} " in x.comment)) for j in (idle, busy)}
-            ids = {str(j.job_id) for j in snap.jobs if j.job_id in (idle, busy) or
-                   f"parent={idle} " in j.comment or f"parent={busy} " in j.comment}
+            sizes = unit_sizes(snap, (idle, busy))
+            ids = {str(j.job_id) for j in snap.jobs if leader_of(j) in (idle, busy)}
             for out in sorted((self.root / "jobs").glob("demo-*.out")):
                 if out.stem.rsplit("-", 1)[-1] not in ids:
                     continue
@@ -187,10 +200,12 @@ SLURM_CONF = "{self.env['SLURM_CONF']}"
     def stop(self) -> None:
         # Extension jobs of the demo's jobs too: the controller, which would cancel them once their leader is
         # gone, stops at the same time.
-        extensions = [j.job_id for j in self.slurm.jobs()
-                      if any(f"slurm-elastic:ext parent={leader} " in j.comment for leader in self.jobs)]
+        extensions = [j.job_id for j in self.slurm.jobs() if j.job_id not in self.jobs and leader_of(j) in self.jobs]
         for job in [*self.jobs, *extensions]:
-            subprocess.run(["scancel", str(job)], env=self.env, check=False, timeout=30)
+            try:
+                self.slurm.cancel(job)
+            except SlurmError as e:  # already gone, or Slurm refused: the others still get cancelled
+                print(f"demo: cancelling job {job}: {e}", file=sys.stderr)
         for p in self.procs:
             p.send_signal(signal.SIGTERM)
         for p in self.procs:
@@ -240,9 +255,7 @@ class ServingDemo(Demo):
         return proc
 
     def sizes(self, *jobs: int) -> dict[int, int]:
-        snap = self.slurm.snapshot()
-        return {j: sum(len(x.nodes) for x in snap.jobs if x.is_running and
-                       (x.job_id == j or f"parent={j} " in x.comment)) for j in jobs}
+        return unit_sizes(self.slurm.snapshot(), jobs)
 
     def run(self, db: Path) -> bool:
         serve, work = self.submit_service()
