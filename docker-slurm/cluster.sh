@@ -66,6 +66,9 @@ HOST=$(hostname -s)
 NODELIST="n[1-$NODES]"
 POWER_NODELIST="n[$((NODES + 1))-$((NODES + POWER_NODES))]"
 export SLURM_CONF="$ROOT/etc/slurm.conf"
+DAEMON_ROOTDIR=/  # this cluster's daemons: host processes with our SLURM_CONF (daemon-lib.sh)
+# shellcheck source=docker-slurm/daemon-lib.sh
+. "$HERE/daemon-lib.sh"
 
 log() { printf 'cluster: %s\n' "$*" >&2; }
 die() { printf 'cluster: error: %s\n' "$*" >&2; exit 1; }
@@ -76,26 +79,6 @@ fi
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; }
 power_node_names() { local i; for ((i = NODES + 1; i <= NODES + POWER_NODES; i++)); do echo "n$i"; done; }
 all_node_names() { node_names; power_node_names; }
-
-# --- process bookkeeping: only ever touch pids that this script recorded ---------------------------------
-pid_alive() {  # pidfile expected-comm
-  local f=$1 comm=$2 pid
-  [ -s "$f" ] || return 1
-  pid=$(tr -dc 0-9 < "$f")
-  [ -n "$pid" ] && [ -d "/proc/$pid" ] || return 1
-  grep -q "$comm" "/proc/$pid/comm" 2>/dev/null
-}
-
-stop_pid() {  # pidfile comm name
-  local f=$1 comm=$2 name=$3 pid i
-  if ! pid_alive "$f" "$comm"; then rm -f "$f"; return 0; fi
-  pid=$(tr -dc 0-9 < "$f")
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 100; i++)); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
-  if [ -d "/proc/$pid" ]; then log "$name did not stop on SIGTERM; SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
-  rm -f "$f"
-  log "stopped $name (pid $pid)"
-}
 
 wait_for() {  # seconds description command...   (a deadline, not a count: each try may itself be slow)
   local secs=$1 what=$2 deadline; shift 2
@@ -324,7 +307,7 @@ start_munge() {
       die "no munged on $MUNGE_SOCKET: lane2 shares the default cluster's; run docker-slurm/cluster.sh start first"
     return 0
   fi
-  if pid_alive "$ROOT/run/munged.pid" munged; then return 0; fi
+  if daemon_up munged; then return 0; fi
   if [ -S "$MUNGE_SOCKET" ] && timeout 5 munge -n -S "$MUNGE_SOCKET" >/dev/null 2>&1; then
     die "another munged already serves $MUNGE_SOCKET; stop it first (this cluster runs its own, with its own key)"
   fi
@@ -353,7 +336,7 @@ EOF
 
 start_mysql() {
   if [ "$LANE" = 2 ]; then start_mysql_lane2; return 0; fi
-  if pid_alive "$ROOT/run/mysqld.pid" mariadbd || pid_alive "$ROOT/run/mysqld.pid" mysqld; then return 0; fi
+  if daemon_up mariadbd || daemon_up mysqld; then return 0; fi
   if [ ! -d "$ROOT/mysql/data/mysql" ]; then
     log "initialising MariaDB data dir"
     mariadb-install-db --defaults-file="$ROOT/etc/my.cnf" --user=root --skip-test-db \
@@ -378,7 +361,7 @@ EOF
 }
 
 start_slurmdbd() {
-  if pid_alive "$ROOT/run/slurmdbd.pid" slurmdbd; then return 0; fi
+  if daemon_up slurmdbd; then return 0; fi
   slurmdbd
   wait_for 60 slurmdbd sacctmgr -n -P show cluster
   log "slurmdbd up on 127.0.0.1:$DBD_PORT"
@@ -416,7 +399,7 @@ setup_accounting() {
 }
 
 start_slurmctld() {
-  if pid_alive "$ROOT/run/slurmctld.pid" slurmctld; then return 0; fi
+  if daemon_up slurmctld; then return 0; fi
   slurmctld
   wait_for 60 slurmctld scontrol ping
   log "slurmctld up on 127.0.0.1:$CTLD_PORT"
@@ -425,7 +408,7 @@ start_slurmctld() {
 start_slurmds() {
   local n
   for n in $(node_names); do
-    if pid_alive "$ROOT/run/slurmd-$n.pid" slurmd; then continue; fi
+    if daemon_up slurmd "$n"; then continue; fi
     slurmd -N "$n"
   done
 }
@@ -443,7 +426,7 @@ resume_nodes() {
   # A power-saved node left DOWN or NOT_RESPONDING by a failed resume is refused by the scheduler
   # (ReqNodeNotAvail) until it is powered down again: POWER_DOWN_FORCE (its slurmd is not running).
   for n in $(power_node_names); do
-    pid_alive "$ROOT/run/slurmd-$n.pid" slurmd && continue
+    daemon_up slurmd "$n" && continue
     state=$(scontrol show node "$n" 2>/dev/null | grep -o 'State=[^ ]*' || true)
     case "$state" in
       State=DOWN*|*NOT_RESPONDING*)
@@ -488,7 +471,7 @@ cmd_start() {
 }
 
 cmd_stop() {
-  if pid_alive "$ROOT/run/slurmctld.pid" slurmctld; then
+  if daemon_up slurmctld; then
     scancel --full --quiet -M "$CLUSTER_NAME" --state=PENDING >/dev/null 2>&1 || true
     scancel --full --quiet >/dev/null 2>&1 || true
     local i
@@ -496,34 +479,35 @@ cmd_stop() {
       [ -z "$(squeue -h -o %i 2>/dev/null)" ] && break; sleep 0.2
     done
   fi
-  local n
-  for n in $(all_node_names); do stop_pid "$ROOT/run/slurmd-$n.pid" slurmd "slurmd $n"; done
-  stop_pid "$ROOT/run/slurmctld.pid" slurmctld slurmctld
-  stop_pid "$ROOT/run/slurmdbd.pid" slurmdbd slurmdbd
-  [ "$LANE" = 2 ] && return 0  # munged and MariaDB are the default cluster's
-  if pid_alive "$ROOT/run/mysqld.pid" mariadbd || pid_alive "$ROOT/run/mysqld.pid" mysqld; then
-    stop_pid "$ROOT/run/mysqld.pid" mysqld MariaDB
-  fi
-  stop_pid "$ROOT/run/munged.pid" munged munged
+  # Every one of this cluster's, not only those its pid files name: a pid file can be stale (docs/slurm-facts.md).
+  # lane2's munged and MariaDB are the default cluster's (and run with its SLURM_CONF): never stopped from here.
+  if [ "$LANE" = 2 ]; then stop_all slurmd slurmctld slurmscriptd slurmdbd || die "could not stop every daemon"
+  else stop_all slurmd slurmctld slurmscriptd slurmdbd mariadbd mysqld munged || die "could not stop every daemon"; fi
+  rm -f "$ROOT"/run/*.pid
 }
 
 cmd_status() {
   local rc=0 n
-  report() {  # name pidfile comm
-    if pid_alive "$2" "$3"; then printf '%-12s up    pid %s\n' "$1" "$(tr -dc 0-9 < "$2")"
+  local pids
+  report() {  # label name [node]
+    pids=$(daemon_pids "$2" "${3:-}" | xargs)
+    if [ -n "$pids" ]; then printf '%-12s up    pid %s\n' "$1" "$pids"
     else printf '%-12s DOWN\n' "$1"; rc=1; fi
   }
-  report munged "$SHARED_ROOT/run/munged.pid" munged
-  if pid_alive "$SHARED_ROOT/run/mysqld.pid" mariadbd; then report mariadb "$SHARED_ROOT/run/mysqld.pid" mariadbd
-  else report mariadb "$SHARED_ROOT/run/mysqld.pid" mysqld; fi
-  report slurmdbd "$ROOT/run/slurmdbd.pid" slurmdbd
-  report slurmctld "$ROOT/run/slurmctld.pid" slurmctld
-  for n in $(node_names); do report "slurmd $n" "$ROOT/run/slurmd-$n.pid" slurmd; done
+  # munged and MariaDB: the instance's that runs them (lane2 uses the default cluster's; daemon-lib.sh finds a
+  # daemon by the SLURM_CONF it was started with)
+  SLURM_CONF="$SHARED_ROOT/etc/slurm.conf" report munged munged
+  if SLURM_CONF="$SHARED_ROOT/etc/slurm.conf" daemon_up mariadbd; then SLURM_CONF="$SHARED_ROOT/etc/slurm.conf" report mariadb mariadbd
+  else SLURM_CONF="$SHARED_ROOT/etc/slurm.conf" report mariadb mysqld; fi
+  report slurmdbd slurmdbd
+  report slurmctld slurmctld
+  for n in $(node_names); do report "slurmd $n" slurmd "$n"; done
   for n in $(power_node_names); do  # powered down is their normal state: not an error
-    if pid_alive "$ROOT/run/slurmd-$n.pid" slurmd; then printf '%-12s up    pid %s (power saving)\n' "slurmd $n" "$(tr -dc 0-9 < "$ROOT/run/slurmd-$n.pid")"
+    pids=$(daemon_pids slurmd "$n" | xargs)
+    if [ -n "$pids" ]; then printf '%-12s up    pid %s (power saving)\n' "slurmd $n" "$pids"
     else printf '%-12s off   (power saving)\n' "slurmd $n"; fi
   done
-  if pid_alive "$ROOT/run/slurmctld.pid" slurmctld; then
+  if daemon_up slurmctld; then
     echo
     sinfo -o '%P %a %D %T %N %G' || rc=1
   fi

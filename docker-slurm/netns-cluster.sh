@@ -42,28 +42,15 @@ HOST=$(hostname -s)
 NODELIST="x[1-$NODES]"
 MUNGE_SOCKET=/run/munge/munge.socket.2
 export SLURM_CONF="$ROOT/etc/slurm.conf"
+DAEMON_ROOTDIR=/  # this cluster's daemons: host processes with our SLURM_CONF (daemon-lib.sh)
+# shellcheck source=docker-slurm/daemon-lib.sh
+. "$HERE/daemon-lib.sh"
 
 log() { printf 'cluster netns: %s\n' "$*" >&2; }
 die() { printf 'cluster netns: error: %s\n' "$*" >&2; exit 1; }
 
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "x$i"; done; }
 node_addr() { echo "$NET.$((10 + ${1#x}))"; }
-
-pid_alive() {  # pidfile comm
-  local pid
-  [ -s "$1" ] || return 1
-  pid=$(tr -dc 0-9 < "$1"); [ -n "$pid" ] && [ -d "/proc/$pid" ] && grep -q "$2" "/proc/$pid/comm" 2>/dev/null
-}
-
-stop_pid() {  # pidfile comm name
-  local pid i
-  pid_alive "$1" "$2" || { rm -f "$1"; return 0; }
-  pid=$(tr -dc 0-9 < "$1")
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 100; i++)); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
-  if [ -d "/proc/$pid" ]; then kill -KILL "$pid" 2>/dev/null || true; fi
-  rm -f "$1"; log "stopped $3 (pid $pid)"
-}
 
 wait_for() {  # seconds what command...
   local secs=$1 what=$2 deadline=$((SECONDS + $1)); shift 2
@@ -235,7 +222,7 @@ GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'127.0.0.1';
 GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'localhost';
 EOF
     die "the default cluster's MariaDB does not answer: run docker-slurm/cluster.sh start first"
-  if ! pid_alive "$ROOT/run/slurmdbd.pid" slurmdbd; then
+  if ! daemon_up slurmdbd; then
     slurmdbd  # reads slurmdbd.conf next to $SLURM_CONF
     wait_for 60 slurmdbd sacctmgr -n -P show cluster
     log "slurmdbd up on $CTL_ADDR:$DBD_PORT"
@@ -253,14 +240,14 @@ EOF
   done
   for q in scavenger high; do sacctmgr -n -P show qos format=name | grep -qx $q || sacctmgr -i add qos $q >/dev/null; done
   sacctmgr -i modify user where name=alice,bob,root set qos=normal,high,scavenger defaultqos=normal >/dev/null
-  if ! pid_alive "$ROOT/run/slurmctld.pid" slurmctld; then
+  if ! daemon_up slurmctld; then
     slurmctld
     wait_for 60 slurmctld scontrol ping
     log "slurmctld up on $CTL_ADDR:$CTLD_PORT"
   fi
   local n
   for n in $(node_names); do
-    pid_alive "$ROOT/run/slurmd-$n.pid" slurmd || in_ns "se-$n" slurmd -N "$n"
+    daemon_up slurmd "$n" || in_ns "se-$n" slurmd -N "$n"
   done
   for n in $(node_names); do scontrol update NodeName="$n" State=RESUME >/dev/null 2>&1 || true; done
 }
@@ -294,24 +281,27 @@ cmd_start() {
 }
 
 cmd_stop() {
-  if pid_alive "$ROOT/run/slurmctld.pid" slurmctld; then
+  if daemon_up slurmctld; then
     heal_all 2>/dev/null || true
     timeout 30 scancel --full --quiet -u root,alice,bob >/dev/null 2>&1 || true
   fi
-  local n
-  for n in $(node_names); do stop_pid "$ROOT/run/slurmd-$n.pid" slurmd "slurmd $n"; done
-  stop_pid "$ROOT/run/slurmctld.pid" slurmctld slurmctld
-  stop_pid "$ROOT/run/slurmdbd.pid" slurmdbd slurmdbd
+  # Every one of this cluster's, not only those its pid files name (docs/slurm-facts.md); munged and MariaDB are
+  # the default cluster's.
+  stop_all slurmd slurmctld slurmscriptd slurmdbd || die "could not stop every daemon"
+  rm -f "$ROOT"/run/*.pid
   remove_network
 }
 
 cmd_status() {
   local rc=0 n
-  report() { if pid_alive "$2" "$3"; then printf '%-12s up    pid %s\n' "$1" "$(tr -dc 0-9 < "$2")"; else printf '%-12s DOWN\n' "$1"; rc=1; fi; }
-  report slurmdbd "$ROOT/run/slurmdbd.pid" slurmdbd
-  report slurmctld "$ROOT/run/slurmctld.pid" slurmctld
-  for n in $(node_names); do report "slurmd $n" "$ROOT/run/slurmd-$n.pid" slurmd; done
-  if pid_alive "$ROOT/run/slurmctld.pid" slurmctld; then echo; timeout 15 sinfo -N -o '%N %T %o' || rc=1; fi
+  report() {  # label name [node]
+    local pids; pids=$(daemon_pids "$2" "${3:-}" | xargs)
+    if [ -n "$pids" ]; then printf '%-12s up    pid %s\n' "$1" "$pids"; else printf '%-12s DOWN\n' "$1"; rc=1; fi
+  }
+  report slurmdbd slurmdbd
+  report slurmctld slurmctld
+  for n in $(node_names); do report "slurmd $n" slurmd "$n"; done
+  if daemon_up slurmctld; then echo; timeout 15 sinfo -N -o '%N %T %o' || rc=1; fi
   return $rc
 }
 

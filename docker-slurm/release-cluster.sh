@@ -28,6 +28,11 @@ esac
 
 ROOTFS=${SLURM_ELASTIC_ROOTFS_DIR:-/var/tmp/slurm-elastic-rootfs}/$RELEASE
 ROOT=/var/tmp/slurm-elastic-cluster-$RELEASE
+SLURM_CONF=$ROOT/etc/slurm.conf
+# This cluster's daemons are the processes whose root is ROOTFS and whose SLURM_CONF is ours (daemon-lib.sh).
+DAEMON_ROOTDIR=$ROOTFS
+# shellcheck source=docker-slurm/daemon-lib.sh
+. "$HERE/daemon-lib.sh"
 NODES=${SLURM_ELASTIC_NODES:-4}
 GPUS_PER_NODE=4
 CLUSTER_NAME=elastic$(tr -d . <<< "$RELEASE")
@@ -220,14 +225,9 @@ export SLURM_ELASTIC_CLUSTER_DIR=$ROOT
 export SLURM_ELASTIC_VGPU_DIR=$ROOT/vgpu
 export SLURM_ELASTIC_GPU_MAP_DIR=$ROOT/gpu-map
 export SLURM_ELASTIC_RELEASE=$RELEASE
+export SLURM_ELASTIC_ROOTFS=$ROOTFS
 export PATH=$ROOT/bin:\$PATH
 EOE
-}
-
-pid_alive() {  # pidfile comm
-  local pid
-  [ -s "$1" ] || return 1
-  pid=$(tr -dc 0-9 < "$1"); [ -n "$pid" ] && [ -d "/proc/$pid" ] && grep -q "$2" "/proc/$pid/comm" 2>/dev/null
 }
 
 wait_for() {  # seconds what command...   (in_root commands get a timeout inside the root)
@@ -242,7 +242,7 @@ wait_for() {  # seconds what command...   (in_root commands get a timeout inside
 }
 
 start_daemons() {
-  if ! pid_alive "$ROOT/run/munged.pid" munged; then
+  if ! daemon_up munged; then
     [ -s "$ROOT/munge/munge.key" ] || (umask 077; dd if=/dev/urandom of="$ROOT/munge/munge.key" bs=1024 count=1 status=none)
     chmod 0700 "$ROOT/munge"; chmod 0400 "$ROOT/munge/munge.key"
     mkdir -p "$ROOTFS/run/munge"; rm -f "$ROOTFS/run/munge/munge.socket.2"*
@@ -251,7 +251,7 @@ start_daemons() {
     wait_for 10 munged in_root munge -n
     log "munged up (its own key and socket)"
   fi
-  if ! pid_alive "$ROOT/run/mysqld.pid" mariadbd; then
+  if ! daemon_up mariadbd; then
     if [ ! -d "$ROOT/mysql/data/mysql" ]; then
       log "initialising MariaDB"
       in_root mariadb-install-db --defaults-file="$ROOT/etc/my.cnf" --user=root --skip-test-db \
@@ -270,7 +270,7 @@ FLUSH PRIVILEGES;
 EOS
     log "MariaDB up on 127.0.0.1:$MYSQL_PORT"
   fi
-  if ! pid_alive "$ROOT/run/slurmdbd.pid" slurmdbd; then
+  if ! daemon_up slurmdbd; then
     in_root slurmdbd
     wait_for 60 slurmdbd in_root sacctmgr -n -P show cluster
     log "slurmdbd up on 127.0.0.1:$DBD_PORT"
@@ -310,14 +310,14 @@ nodes_ready() {
 }
 
 start_slurm() {
-  if ! pid_alive "$ROOT/run/slurmctld.pid" slurmctld; then
+  if ! daemon_up slurmctld; then
     in_root slurmctld
     wait_for 60 slurmctld in_root scontrol ping
     log "slurmctld up on 127.0.0.1:$CTLD_PORT"
   fi
   local n
   for ((n = 1; n <= NODES; n++)); do
-    pid_alive "$ROOT/run/slurmd-n$n.pid" slurmd || in_root slurmd -N "n$n" || true
+    daemon_up slurmd "n$n" || in_root slurmd -N "n$n" || true
   done
   for ((n = 1; n <= NODES; n++)); do
     in_root scontrol update NodeName="n$n" State=RESUME >/dev/null 2>&1 || true
@@ -357,40 +357,40 @@ ConstrainRAMSpace=no")
   log "cluster '$CLUSTER_NAME' (Slurm $RELEASE) up in $((SECONDS - t0))s: $NODES nodes x $GPUS_PER_NODE GPUs; source $ROOT/env.sh"
 }
 
-stop_pid() {  # pidfile comm name
-  local pid i
-  pid_alive "$1" "$2" || { rm -f "$1"; return 0; }
-  pid=$(tr -dc 0-9 < "$1")
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 100; i++)); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
-  [ -d "/proc/$pid" ] && kill -KILL "$pid" 2>/dev/null || true
-  rm -f "$1"; log "stopped $3 (pid $pid)"
+stop() {  # name: every one of this cluster's (daemon-lib.sh: also a re-executed slurmctld or slurmd)
+  stop_daemons "$1" || die "could not stop $1"
 }
 
 cmd_stop_slurm() {
-  local n
-  for ((n = 1; n <= NODES; n++)); do stop_pid "$ROOT/run/slurmd-n$n.pid" slurmd "slurmd n$n"; done
-  stop_pid "$ROOT/run/slurmctld.pid" slurmctld slurmctld
+  stop slurmd
+  stop slurmctld
+  stop slurmscriptd
+  rm -f "$ROOT"/run/slurmd-*.pid "$ROOT/run/slurmctld.pid"
 }
 
 cmd_stop() {
-  if pid_alive "$ROOT/run/slurmctld.pid" slurmctld; then in_root scancel --full --quiet -u root,alice,bob || true; fi
+  local u  # one user each: 26.05's scancel refuses a list ("Invalid user name: root,alice,bob")
+  if daemon_up slurmctld; then for u in root alice bob; do in_root timeout 30 scancel --full --quiet -u "$u" || true; done; fi
   cmd_stop_slurm
-  stop_pid "$ROOT/run/slurmdbd.pid" slurmdbd slurmdbd
-  stop_pid "$ROOT/run/mysqld.pid" mariadbd MariaDB
-  stop_pid "$ROOT/run/munged.pid" munged munged
+  stop slurmdbd
+  stop mariadbd
+  stop munged
+  rm -f "$ROOT/run/slurmdbd.pid" "$ROOT/run/mysqld.pid" "$ROOT/run/munged.pid"
   unmount_all "$ROOTFS"
 }
 
 cmd_status() {
   local rc=0 n
-  report() { if pid_alive "$2" "$3"; then printf '%-12s up    pid %s\n' "$1" "$(tr -dc 0-9 < "$2")"; else printf '%-12s DOWN\n' "$1"; rc=1; fi; }
-  report munged "$ROOT/run/munged.pid" munged
-  report mariadb "$ROOT/run/mysqld.pid" mariadbd
-  report slurmdbd "$ROOT/run/slurmdbd.pid" slurmdbd
-  report slurmctld "$ROOT/run/slurmctld.pid" slurmctld
-  for ((n = 1; n <= NODES; n++)); do report "slurmd n$n" "$ROOT/run/slurmd-n$n.pid" slurmd; done
-  if pid_alive "$ROOT/run/slurmctld.pid" slurmctld; then echo; in_root sinfo -o '%P %a %D %T %N %G' || rc=1; fi
+  report() {  # label name [node]
+    local pids; pids=$(daemon_pids "$2" "${3:-}" | xargs)
+    if [ -n "$pids" ]; then printf '%-12s up    pid %s\n' "$1" "$pids"; else printf '%-12s DOWN\n' "$1"; rc=1; fi
+  }
+  report munged munged
+  report mariadb mariadbd
+  report slurmdbd slurmdbd
+  report slurmctld slurmctld
+  for ((n = 1; n <= NODES; n++)); do report "slurmd n$n" slurmd "n$n"; done
+  if daemon_up slurmctld; then echo; in_root sinfo -o '%P %a %D %T %N %G' || rc=1; fi
   return $rc
 }
 

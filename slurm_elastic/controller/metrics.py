@@ -141,11 +141,12 @@ class ControllerMetrics:
     def finished(self, jobs: Iterable[Job], is_elastic: Callable[[int], bool]) -> None:
         """Observe the completion time and wait of each job that ran and ended, once: in the first cycle that
         sees it ended (a restarted controller observes again the ended jobs squeue still lists). Het components
-        count once, as their leader."""
+        count once, as their leader. A job cancelled while it waited never ran: Slurm (22.05) gives it a start
+        time (the cancel's) but no nodes."""
         listed: set[int] = set()
         for j in jobs:
             if (j.state not in _ENDED or j.submit_time is None or j.start_time is None or j.end_time is None
-                    or j.end_time < j.start_time or (j.het_job_offset or 0) > 0):
+                    or j.end_time < j.start_time or (j.het_job_offset or 0) > 0 or not j.nodes):
                 continue
             listed.add(j.job_id)
             if j.job_id in self._finished:

@@ -32,7 +32,8 @@ from slurm_elastic.mig.ports import JobOnNode, NodeStatus
 from slurm_elastic.mig.steps import Record, RecordState
 from slurm_elastic.mig.wire import NodeMigReport
 from slurm_elastic.slurm.adapter import SlurmCli
-from slurm_elastic.slurm.daemons import DaemonCommandError, SlurmDaemons
+from slurm_elastic.slurm.daemons import DaemonCommandError, SlurmDaemons, daemon_runner
+from slurm_elastic.slurm.runner import CommandRunner
 from slurm_elastic.store import ActionKind, ActionRecord, DuplicateIntentError
 from slurm_elastic.store.protocols import Journal
 
@@ -203,8 +204,9 @@ class CommandDaemons:
     """:class:`~slurm_elastic.mig.ports.DaemonsPort` over the configured commands (argument lists, ``{node}``
     replaced, a timeout each, never a shell); a command's failure is the step's :class:`WorkflowError`."""
 
-    def __init__(self, commands: Commands, env: Mapping[str, str] | None = None) -> None:
-        self.daemons = SlurmDaemons(commands, env)
+    def __init__(self, commands: Commands, env: Mapping[str, str] | None = None,
+                 runner: CommandRunner = daemon_runner) -> None:
+        self.daemons = SlurmDaemons(commands, env, runner)
 
     def stop_slurmd(self, node: str) -> None:
         try:

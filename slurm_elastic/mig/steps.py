@@ -24,7 +24,7 @@ The loop that runs the steps is :mod:`slurm_elastic.mig.workflow`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -54,7 +54,9 @@ UNDO: tuple[Step, ...] = (Step.ROLLBACK_LAYOUT, Step.ROLLBACK_GRES, Step.ROLLBAC
 
 
 class RecordState(StrEnum):
-    """The journal's states (same values as :class:`slurm_elastic.store.ActionState`)."""
+    """The journal's states, the values of :class:`slurm_elastic.store.ActionState`: a copy, because this pure
+    core does not import the store (its package loads SQLAlchemy); mig/adapters.py maps one onto the other and
+    tests/unit/test_mig_adapters.py keeps the two the same."""
 
     INTENT = "intent"
     IN_PROGRESS = "in_progress"
@@ -141,37 +143,37 @@ def next_move(steps: Mapping[Step, Record]) -> Move:
     """What to do next, from the step records alone (pure; the whole recovery logic lives here)."""
     stopped = stopped_step(steps)
     if stopped is None:
-        for s in FORWARD:
-            r = steps.get(s)
-            if r is None:
-                return RunStep(s, rerun=False)
-            if r.state.is_open:
-                return RunStep(s, rerun=True)
-        return Finish(MigStepOutcome.APPLIED, "layout applied, GRES verified, node back in its previous state")
+        return _first_to_run(FORWARD, steps) or Finish(
+            MigStepOutcome.APPLIED, "layout applied, GRES verified, node back in its previous state")
     undo = undo_plan(stopped, steps)
     skip_verify = any(steps.get(u) is not None and steps[u].state is RecordState.FAILED for u in undo)
-    for s in undo:
-        if s is Step.ROLLBACK_VERIFY and skip_verify:
-            continue
+    to_run = _first_to_run([s for s in undo if not (s is Step.ROLLBACK_VERIFY and skip_verify)], steps)
+    if to_run is not None:
+        return to_run
+    last = final_step(stopped, steps)
+    return _first_to_run((last,), steps) or Finish(*_outcome(stopped, steps, last, steps[last]))
+
+
+def _first_to_run(candidates: Sequence[Step], steps: Mapping[Step, Record]) -> RunStep | None:
+    """The first of ``candidates`` not done: not recorded yet, or still open (the process died in it)."""
+    for s in candidates:
         r = steps.get(s)
         if r is None:
             return RunStep(s, rerun=False)
         if r.state.is_open:
             return RunStep(s, rerun=True)
-    last = final_step(stopped, steps)
-    r = steps.get(last)
-    if r is None:
-        return RunStep(last, rerun=False)
-    if r.state.is_open:
-        return RunStep(last, rerun=True)
-    return Finish(*_outcome(stopped, steps, last, r))
+    return None
+
+
+def _cause(stopped: Step, cause: Record) -> str:
+    return (f"rollback requested at {stopped}" if cause.state is RecordState.ABORTED
+            else f"{stopped} failed: {cause.message}")
 
 
 def _outcome(stopped: Step, steps: Mapping[Step, Record], last: Step,
              last_record: Record) -> tuple[MigStepOutcome, str]:
     cause = steps[stopped]
-    what = (f"rollback requested at {stopped}" if cause.state is RecordState.ABORTED
-            else f"{stopped} failed: {cause.message}")
+    what = _cause(stopped, cause)
     failed_undo = [f"{s} failed: {steps[s].message}" for s in UNDO
                    if s in steps and steps[s].state is RecordState.FAILED]
     parts = [what, *failed_undo]
@@ -192,9 +194,7 @@ def hold_reason(prefix: str, workflow_id: int, steps: Mapping[Step, Record]) -> 
     stopped = stopped_step(steps)
     if stopped is None:
         return f"{prefix} #{workflow_id}: failed"
-    cause = steps[stopped]
-    text = (f"rollback requested at {stopped}" if cause.state is RecordState.ABORTED
-            else f"{stopped} failed: {cause.message}")
+    text = _cause(stopped, steps[stopped])
     bad = [s for s in UNDO if s in steps and steps[s].state is RecordState.FAILED]
     if bad:
         text += f"; {bad[0]} failed too"

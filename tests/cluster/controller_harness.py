@@ -17,24 +17,11 @@ from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, DecisionFilter, DecisionRecord
 from tests.cluster.agents_harness import REPO, Agents
 from tests.cluster.harness import RELEASE, TestCluster
+from tests.policy_text import CLUSTER, policy_text
 
-# Small numbers so a test sees a whole resize in seconds; the rules are the production ones.
-# The cluster tests were written for the 40..80 band without shrink-to-admit; they say so rather than rely on
-# the packaged defaults (nor on moldable start, a packaged default too). A test of shrink-to-admit switches it on.
-TEST_POLICY = """
-version = 1
-scale_up_above = 80
-scale_down_below = 40
-shrink_to_admit = false
-moldable_start = false
-window_s = 10
-cooldown_s = 15
-grace_s = 3
-min_samples = 3
-max_metric_age_s = 12
-startup_protection_s = 0
-min_remaining_for_grow_s = 0
-"""
+# Small numbers so a test sees a whole resize in seconds; the rules are the production ones (tests/policy_text.py:
+# CLUSTER says which packaged defaults these tests pin off). A test of a switched rule passes it to policy_text.
+TEST_POLICY = policy_text(CLUSTER)
 INTERVAL_S = 2.0
 
 

@@ -8,15 +8,24 @@ that writes down every command and its reply, then cancels the jobs and saves th
 from __future__ import annotations
 
 import argparse
+import os
+import pwd
 import sys
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from slurm_elastic.controller.extension import ExtensionTag
 from slurm_elastic.slurm.runner import CommandResult, RetryPolicy, SlurmCommands, subprocess_runner
 from tests.cluster.harness import TestCluster
+from tests.unit import (
+    controller_scenarios,  # noqa: F401 - registers its scenarios in SCENARIOS
+    reliability_scenarios,  # noqa: F401 - registers its scenarios in SCENARIOS
+    resize_scenarios,  # noqa: F401 - registers its scenarios in SCENARIOS
+)
 from tests.unit.slurm_replay import (
     RELEASE,
     SCENARIO_DIR,
@@ -49,6 +58,22 @@ def _wait_state(cluster: TestCluster, job_id: int, state: str, timeout: float = 
     cluster.wait_state(job_id, {state}, timeout=timeout)
 
 
+def _wait_reason(cluster: TestCluster, job_id: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (job := cluster.job(job_id)) is not None and job.state_reason in (None, "None"):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still has no pending reason after {timeout:.0f}s")
+        time.sleep(0.5)
+
+
+def _own_dir(cluster: TestCluster, scenario: str, user: str) -> Path:
+    d = cluster.jobs_dir / f"scenario-{scenario}-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    pw = pwd.getpwnam(user)
+    os.chown(d, pw.pw_uid, pw.pw_gid)
+    return d
+
+
 def record(cluster: TestCluster, scenario: Scenario) -> Recording:
     deadline = time.monotonic() + 120  # the lock's previous holder may still be cancelling its jobs
     while (active := [j.job_id for j in cluster.jobs() if j.state in ACTIVE]) and time.monotonic() < deadline:
@@ -63,6 +88,8 @@ def record(cluster: TestCluster, scenario: Scenario) -> Recording:
             first = jobs[scenario.jobs[0].name] if jobs else 0
             tag = ([f"--comment={ExtensionTag(first, spec.tag_key.format(leader=first)).render()}"]
                    if spec.tag_key else [])
+            if spec.own_dir:  # the harness's --chdir=/tmp comes first: the last one counts
+                tag.append(f"--chdir={_own_dir(cluster, scenario.name, spec.user)}")
             shape = [f"-N{spec.nodes}", "--time=30", *(("--gres=gpu:4",) if not spec.het else ()), *tag,
                      f"--job-name=scenario-{spec.name}", *((":", *spec.het) if spec.het else ())]
             jobs[spec.name] = cluster.submit(spec.script if spec.elastic else PLAIN, *shape, user=spec.user)
@@ -70,6 +97,8 @@ def record(cluster: TestCluster, scenario: Scenario) -> Recording:
                 cluster.run(["scontrol", "update", f"JobId={jobs[spec.name]}", f"Priority={spec.priority}"],
                             check=True)
             _wait_state(cluster, jobs[spec.name], "PENDING" if spec.pending else "RUNNING")
+            if spec.pending:  # until the scheduler has looked at it (Reason=None: not yet; policy/moldable.py)
+                _wait_reason(cluster, jobs[spec.name])
             if spec.het:  # the unit is component 1, addressed by its raw id
                 jobs[f"{spec.name}_leader"] = jobs[spec.name]
                 jobs[spec.name] = next(j.job_id for j in cluster.jobs()
@@ -128,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"record: {name} FAILED: {type(e).__name__}: {e}", file=sys.stderr)
             failed.append(name)
             continue
+        finally:
+            reliability_scenarios.release_db_dirs()  # its file databases (a tmpfs among them)
         path = SCENARIO_DIR / f"{name}.json"
         rec.save(path)
         print(f"record: {name}: {len(rec.commands)} commands -> {path} ({time.monotonic() - t0:.0f}s)",

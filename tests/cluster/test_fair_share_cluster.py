@@ -25,7 +25,6 @@ from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.store.records import DecisionRecord
 from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
-    TEST_POLICY,
     ControllerProcess,
     controller_config,
     elastic_script,
@@ -33,11 +32,12 @@ from tests.cluster.controller_harness import (
     wait_until,
 )
 from tests.cluster.harness import TestCluster
+from tests.policy_text import CLUSTER, policy_text
 
 pytestmark = pytest.mark.cluster
 
 DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 4 --window 10s --cooldown 15s --grace 3s --signal USR2"
-FAIR_POLICY = TEST_POLICY + "step = 2\nfair_share = true\n"
+FAIR_POLICY = policy_text(CLUSTER, step=2, fair_share=True)
 HOLDER = "fair-share-test"
 # A grow intent shows as a grow, or as the walk's hold when it got no node.
 WALK_HOLDS = {"FAIR_SHARE_LIMIT", "NO_FREE_NODES", "PENDING_HIGHER_PRIORITY", "RESERVE_KEPT", "QUOTA_REACHED"}
@@ -172,7 +172,7 @@ def test_grows_stay_within_the_accounts_slurm_gpu_limit(stack: Agents, tmp_path:
     bob = cluster.submit(elastic_script(90, DIRECTIVES, marker), "-N1", "--gres=gpu:2", "--time=30", user="bob")
     cluster.wait_state(bob, {"RUNNING"})
     cfg = controller_config(tmp_path, stack)
-    (tmp_path / "policy.toml").write_text(TEST_POLICY + "step = 2\n")
+    (tmp_path / "policy.toml").write_text(policy_text(CLUSTER, step=2))
     with running_controller(cluster, cfg) as ctl:
         wait_until("a 1-node extension job", lambda: _ext_nodes(cluster, bob) == 1, 90, ctl)
         wait_until("a QUOTA_REACHED hold after the cooldown", lambda: any(

@@ -15,8 +15,9 @@ import pytest
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.store.records import ActionKind
 from tests.cluster.agents_harness import JOB_PYTHON, REPO, Agents
-from tests.cluster.controller_harness import TEST_POLICY, controller_config, node_count, running_controller, wait_until
+from tests.cluster.controller_harness import controller_config, node_count, running_controller, wait_until
 from tests.cluster.harness import TestCluster
+from tests.policy_text import CLUSTER, policy_text
 
 pytestmark = pytest.mark.cluster
 
@@ -24,7 +25,7 @@ COOLDOWN_S = 15
 DIRECTIVES = (f"#ELASTIC --min-nodes 1 --max-nodes 3 --window 10s --cooldown {COOLDOWN_S}s --grace 3s "
               "--signal USR2")
 CYCLES_AFTER = 5
-GOODPUT_POLICY = TEST_POLICY + "goodput = true\nmin_throughput_samples = 3\n"
+GOODPUT_POLICY = policy_text(CLUSTER, goodput=True, min_throughput_samples=3)
 
 
 def flat_script(cluster: TestCluster, samples_per_s: float) -> str:

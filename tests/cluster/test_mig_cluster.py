@@ -16,11 +16,9 @@ import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -33,7 +31,7 @@ from slurm_elastic.store import SqlStore, sqlite_url
 from slurm_elastic.vgpu.build import build_library
 from slurm_elastic.vgpu.state import make_node_state
 from slurm_elastic.vgpu.statefile import StateFile
-from tests.cluster.agents_harness import install_plugins
+from tests.cluster.agents_harness import install_plugins, wait_for
 from tests.cluster.harness import AGENT_PORT_BASE, TestCluster
 
 pytestmark = pytest.mark.cluster
@@ -43,18 +41,6 @@ NODE = "n4"
 AGENT_PORT = AGENT_PORT_BASE + 104
 ORIGINAL_GRES = "gpu:4,mps:400"
 EXTRA_DEVICES = range(4, 28)  # n4/gpu4..gpu27: one device node per MIG instance (7 x 4 at most)
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.5)
 
 
 @dataclass
@@ -147,20 +133,12 @@ def restore_node(cluster: TestCluster, slurm_conf: str, gres_conf: str, was_drai
         slurmctld_restart=(str(REPO / "docker-slurm" / "slurm-daemon.sh"), "restart-slurmctld"),
     ), env=cluster.env)
     daemons.stop_slurmd(NODE)
+    # Stops every slurmctld of this cluster, also one a reconfigure is re-executing into (23.11+), and returns only
+    # when the one it started is the only one and answers, so it has read the restored files (docs/slurm-facts.md).
     daemons.restart_slurmctld()
     daemons.start_slurmd(NODE)
-
-    def back() -> bool | None:
-        return True if gres_summary(_gres(cluster)) == gres_summary(ORIGINAL_GRES) else None
-
-    try:
-        wait_for("n4 back with Gres=gpu:4,mps:400", back, timeout=60)
-    except AssertionError:
-        # Seen once on 26.05 under load: a slurmctld that had just re-executed itself for a reconfigure had not yet
-        # rewritten its pid file, so the restart started a second one, which exited ("Address already in use"),
-        # and the old one kept the MIG config. A reconfigure makes the running one read the restored files.
-        cluster.run(["scontrol", "reconfigure"])
-        wait_for("n4 back with Gres=gpu:4,mps:400 after a reconfigure", back)
+    wait_for("n4 back with Gres=gpu:4,mps:400",
+             lambda: True if gres_summary(_gres(cluster)) == gres_summary(ORIGINAL_GRES) else None, timeout=120)
     if not was_drained:
         cluster.run(["scontrol", "update", f"NodeName={NODE}", "State=RESUME"])
 

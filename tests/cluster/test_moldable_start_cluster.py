@@ -17,7 +17,6 @@ import pytest
 from slurm_elastic.store.records import ActionKind, ExtensionRecord
 from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
-    TEST_POLICY,
     ControllerProcess,
     controller_config,
     elastic_script,
@@ -26,6 +25,7 @@ from tests.cluster.controller_harness import (
     running_controller,
     wait_until,
 )
+from tests.policy_text import CLUSTER, policy_text
 
 pytestmark = pytest.mark.cluster
 
@@ -43,7 +43,7 @@ def test_a_waiting_elastic_job_is_molded_starts_on_fewer_nodes_and_grows_back(st
     wait_until("the elastic job to wait on Resources", lambda: (j := cluster.job(job)) is not None
                and j.state == "PENDING" and j.state_reason == "Resources", 30)
     cfg = controller_config(tmp_path, stack)
-    (tmp_path / "policy.toml").write_text(TEST_POLICY.replace("moldable_start = false", "moldable_start = true"))
+    (tmp_path / "policy.toml").write_text(policy_text(CLUSTER, moldable_start=True))
     with running_controller(cluster, cfg) as ctl:
         (mold,) = ctl.wait_applied(job, ActionKind.MOLD, 1, timeout=30)
         cluster.wait_state(job, {"RUNNING"}, timeout=30)

@@ -7,14 +7,12 @@ from __future__ import annotations
 import pwd
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
-from tests.cluster.agents_harness import install_plugins
+from tests.cluster.agents_harness import install_plugins, wait_for
 from tests.cluster.harness import TestCluster
 
 pytestmark = pytest.mark.cluster
@@ -22,18 +20,6 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "fakes" / "nvidia-cuda-mps-control"
 NODE = "n3"
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.3)
 
 
 def state(cluster: TestCluster, job: int) -> str:
@@ -71,7 +57,7 @@ def test_an_mps_job_starts_and_stops_its_gpus_mps_daemon(cluster: TestCluster, m
     uid = pwd.getpwnam("alice").pw_uid
     job = cluster.submit("#!/bin/bash\necho PCT=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE GPUS=$SLURM_JOB_GPUS\nsleep 4\n",
                          "--gres=mps:50", f"--nodelist={NODE}", "-N1", "-n1", user="alice")
-    wait_for(f"job {job} running", lambda: True if state(cluster, job) == "RUNNING" else None)
+    wait_for(f"job {job} running", lambda: True if state(cluster, job) == "RUNNING" else None, 120)
     (gpu_dir,) = wait_for("the MPS job file", lambda: [d for d in mps.glob("gpu*") if (d / "jobs" / str(job)).exists()]
                           or None)
     gpu = int(gpu_dir.name.removeprefix("gpu"))
@@ -84,9 +70,9 @@ def test_an_mps_job_starts_and_stops_its_gpus_mps_daemon(cluster: TestCluster, m
     assert commands(mps, gpu) == started
     assert (gpu_dir / "pipe" / "fake-daemon").exists()
     final = wait_for(f"job {job} to end", lambda: s if (s := state(cluster, job)) not in
-                     ("RUNNING", "PENDING", "COMPLETING", "CONFIGURING") else None)
+                     ("RUNNING", "PENDING", "COMPLETING", "CONFIGURING") else None, 120)
     assert final == "COMPLETED"
-    wait_for("the epilog", lambda: True if not (gpu_dir / "jobs" / str(job)).exists() else None)
+    wait_for("the epilog", lambda: True if not (gpu_dir / "jobs" / str(job)).exists() else None, 120)
     assert commands(mps, gpu) == [*started, "get_server_list", "quit", "get_server_list"]
     assert not (gpu_dir / "pipe" / "fake-daemon").exists()
     out = (cluster.jobs_dir / f"{job}.out").read_text()
@@ -101,7 +87,7 @@ def test_a_whole_gpu_job_stops_mps_left_running_on_its_gpus(cluster: TestCluster
     job = cluster.submit("#!/bin/bash\ntrue\n", f"--gres=gpu:{cluster.gpus_per_node}", f"--nodelist={NODE}",
                          "-N1", "-n1")
     assert wait_for(f"job {job} to end", lambda: s if (s := state(cluster, job)) in
-                    ("COMPLETED", "FAILED", "CANCELLED") else None) == "COMPLETED"
+                    ("COMPLETED", "FAILED", "CANCELLED") else None, 120) == "COMPLETED"
     for gpu in range(cluster.gpus_per_node):
         assert commands(mps, gpu) == ["-d CUDA_VISIBLE_DEVICES=", "get_server_list", "quit", "get_server_list"]
         assert not (mps / f"gpu{gpu}" / "pipe" / "fake-daemon").exists()

@@ -53,6 +53,7 @@ from tests.cluster.netns_harness import (
     running_netns_agents,
     spawn_agent,
 )
+from tests.policy_text import CLUSTER, policy_text
 
 pytestmark = pytest.mark.cluster
 
@@ -64,20 +65,7 @@ LOSSY_CYCLES = 10
 MISSING = {"NO_METRICS", "STALE_METRICS", "WINDOW_NOT_FILLED", "TOO_FEW_SAMPLES"}
 OPEN = {ActionState.INTENT, ActionState.IN_PROGRESS}
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING"}
-POLICY = """
-version = 1
-scale_up_above = 80
-scale_down_below = 40
-shrink_to_admit = false
-moldable_start = false
-window_s = 10
-cooldown_s = 5
-grace_s = 1
-min_samples = 3
-max_metric_age_s = 12
-startup_protection_s = 0
-min_remaining_for_grow_s = 0
-"""
+POLICY = policy_text(CLUSTER, cooldown_s=5, grace_s=1)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import pytest
 from slurm_elastic.store.records import ActionKind
 from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
-    TEST_POLICY,
     controller_config,
     elastic_script,
     marker_file,
@@ -24,6 +23,7 @@ from tests.cluster.controller_harness import (
     running_controller,
     wait_until,
 )
+from tests.policy_text import CLUSTER, policy_text
 
 pytestmark = pytest.mark.cluster
 
@@ -55,7 +55,7 @@ def test_high_qos_job_pending_behind_elastic_surplus_is_admitted_by_shrinking_th
         (cluster.job_record(high) or {}).get("state_reason") or "None") != "None", 30)
     assert cluster.job_state(high) == "PENDING"
     cfg = controller_config(tmp_path, stack)
-    (tmp_path / "policy.toml").write_text(TEST_POLICY.replace("shrink_to_admit = false", "shrink_to_admit = true"))
+    (tmp_path / "policy.toml").write_text(policy_text(CLUSTER, shrink_to_admit=True))
     with running_controller(cluster, cfg) as ctl:
         wait_until("the high job to start", lambda: cluster.job_state(high) == "RUNNING", 120, ctl)
         started = time.time()
@@ -107,7 +107,7 @@ def test_a_time_window_opening_moves_the_cluster_to_the_profile_targets_one_acti
     zone = ZoneInfo("America/Chicago")
     opens, window = _next_window(zone)
     cfg = controller_config(tmp_path, stack)
-    (tmp_path / "policy.toml").write_text(TEST_POLICY + f"""
+    (tmp_path / "policy.toml").write_text(policy_text(CLUSTER) + f"""
 timezone = "America/Chicago"
 max_actions_per_cycle = 1
 [profile.peak]

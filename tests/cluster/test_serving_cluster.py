@@ -29,6 +29,7 @@ from tests.cluster.controller_harness import (
     wait_until,
 )
 from tests.cluster.harness import TestCluster
+from tests.policy_text import CLUSTER, policy_text
 
 pytestmark = pytest.mark.cluster
 
@@ -78,12 +79,8 @@ def reports(work: Path, job: int) -> list[dict[str, float]]:
 
 # The controller drives it: small numbers (the rules are the production ones; serving_down_window_s is at its
 # floor of 60 s, which sets most of this test's length).
-SERVING_POLICY = """
-serving_up_window_s = 10
-serving_down_window_s = 60
-serving_down_cooldown_s = 10
-serving_cold_start_s = 10
-"""
+SERVING_POLICY = policy_text(CLUSTER, serving_up_window_s=10, serving_down_window_s=60, serving_down_cooldown_s=10,
+                             serving_cold_start_s=10)
 SERVING_DIRECTIVES = ("#ELASTIC --serving --slo-p99 50ms --target-rps-per-replica 40 --min-nodes 1 --max-nodes 2 "
                       "--grace 10s --signal USR1")
 TRAINING_DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 3 --window 10s --cooldown 15s --grace 3s --signal USR2"
@@ -98,8 +95,7 @@ def test_controller_scales_the_service_with_a_daily_curve_next_to_training(stack
     cluster = stack.cluster
     started = time.monotonic()
     cfg = controller_config(tmp_path, stack)
-    policy = tmp_path / "policy.toml"
-    policy.write_text(policy.read_text() + SERVING_POLICY)
+    (tmp_path / "policy.toml").write_text(SERVING_POLICY)
     cfg.write_text(cfg.read_text().replace('PATH = "/usr/local/bin:/usr/bin:/bin"', f'PATH = "{ENV_PATH}"'))
     script = "\n".join(SERVING_DIRECTIVES if ln.startswith("#ELASTIC") and "--serving" in ln else ln
                        for ln in (REPO / "sbatch_templates" / "serve_http.sbatch").read_text().splitlines()

@@ -26,7 +26,6 @@ from slurm_elastic.slurm.model import Job
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionRecord
 from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
-    TEST_POLICY,
     ControllerProcess,
     controller_config,
     elastic_script,
@@ -36,17 +35,17 @@ from tests.cluster.controller_harness import (
     wait_until,
 )
 from tests.cluster.harness import TestCluster
+from tests.policy_text import CLUSTER, policy_text
 
 pytestmark = pytest.mark.cluster
 
 COOLDOWN_S = 30  # long enough to watch the unit hold in cooldown after a loss
-POLICY = TEST_POLICY.replace("cooldown_s = 15", f"cooldown_s = {COOLDOWN_S}")
+POLICY = policy_text(CLUSTER, cooldown_s=COOLDOWN_S)
 LOSS_REASONS = {"PREEMPTED_BY_SLURM", "NODE_FAILURE"}
 
 
 def _config(tmp_path: Path, agents: Agents, *, qos: str) -> Path:
     cfg = controller_config(tmp_path, agents)
-    assert "cooldown_s = 15" in TEST_POLICY
     (tmp_path / "policy.toml").write_text(POLICY)
     if qos:
         text = cfg.read_text()

@@ -21,7 +21,6 @@ import pytest
 from slurm_elastic.store.records import ActionKind
 from tests.cluster.agents_harness import Agents
 from tests.cluster.controller_harness import (
-    TEST_POLICY,
     controller_config,
     elastic_script,
     marker_file,
@@ -32,6 +31,7 @@ from tests.cluster.controller_harness import (
     wait_until,
 )
 from tests.cluster.harness import TestCluster
+from tests.policy_text import CLUSTER, policy_text
 
 pytestmark = pytest.mark.cluster
 
@@ -82,7 +82,7 @@ def test_a_grow_that_can_not_pay_back_its_restart_is_not_made(stack: Agents, tmp
     marker = marker_file(cluster)
     directives = "#ELASTIC --min-nodes 1 --max-nodes 2 --window 10s --cooldown 15s --grace 3s --signal USR2"
     cfg = controller_config(tmp_path, stack)
-    (tmp_path / "policy.toml").write_text(TEST_POLICY + "restart_cost_aware = true\nrestart_cost_s = 300\n")
+    (tmp_path / "policy.toml").write_text(policy_text(CLUSTER, restart_cost_aware=True, restart_cost_s=300))
     short = cluster.submit(elastic_script(90, directives, marker), "-N1", "--gres=gpu:2", "--time=10",
                            user="alice")
     long = cluster.submit(elastic_script(90, directives, marker), "-N1", "--gres=gpu:2", "--time=60", user="bob")

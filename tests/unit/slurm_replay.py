@@ -33,6 +33,7 @@ from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.runner import CommandResult, CommandRunner, RetryPolicy, SlurmCommands
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind
+from tests.policy_text import UNIT, policy_text
 from tests.unit.storehelpers import FakeClock, memory_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,28 +54,10 @@ FAILING_EXT_SCRIPT = SCRIPT.replace("trap ", '[ "${SLURM_ELASTIC_ROLE:-}" = exte
 # A het job whose GPU component (offset 1) is elastic; component 0 is the batch host.
 HET_SCRIPT = SCRIPT.replace("#ELASTIC --min-nodes 1 --max-nodes 3",
                             "#ELASTIC --het-group 1 --min-nodes 1 --max-nodes 2")
-POLICY_TEXT = """
-version = 1
-window_s = 10
-cooldown_s = 20
-grace_s = 5
-min_samples = 3
-max_metric_age_s = 30
-startup_protection_s = 0
-min_remaining_for_grow_s = 0
-"""
-ADMIT_POLICY_TEXT = """
-version = 1
-window_s = 10
-cooldown_s = 10
-grace_s = 4
-min_samples = 3
-max_metric_age_s = 30
-startup_protection_s = 0
-min_remaining_for_grow_s = 0
-shrink_to_admit = true
-admit_backoff_s = 120
-"""
+# The unit tests' policy, but moldable start as packaged: a scenario replays with the policy it was recorded with.
+POLICY_TEXT = policy_text(UNIT, moldable_start=None)
+ADMIT_POLICY_TEXT = policy_text(UNIT, moldable_start=None, cooldown_s=10, grace_s=4, shrink_to_admit=True,
+                                admit_backoff_s=120)
 
 
 class UtilAgents(Protocol):
@@ -101,6 +84,7 @@ class JobSpec:
     het: tuple[str, ...] = ()  # sbatch args of a second het component (offset 1): the scenario's unit is that
     # component (its raw id under ``name``, the het leader under ``name + "_leader"``)
     tag_key: str | None = None  # an extension tag in its comment: this key ({leader}: the first job's id)
+    own_dir: bool = False  # runs in a fresh directory of its user's (not /tmp), for the files a job publishes
 
 
 @dataclass
@@ -367,3 +351,14 @@ def replay(name: str, agents_factory: Callable[[FakeClock], UtilAgents]) -> Repl
     scenario.play(world)
     runner.finish()
     return Replayed(world, store, runner, rec)
+
+
+def recorded_cli(name: str) -> tuple[SlurmCli, ReplayRunner]:
+    """The real :class:`SlurmCli` serving scenario ``name``'s recorded replies in order, for a test that needs some
+    real Slurm (a snapshot, a cycle) but not a scenario's script; ``runner.check()`` says if it went off the record."""
+    path = SCENARIO_DIR / f"{name}.json"
+    if not path.exists():
+        raise StaleRecordingError(f"no recording {path}; " + RERECORD.format(name=name))
+    runner = ReplayRunner(Recording.load(path))
+    runner_: CommandRunner = runner
+    return SlurmCli(SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)), runner

@@ -18,8 +18,6 @@ from typing import Any
 import pytest
 
 from slurm_elastic import goodput
-from slurm_elastic.controller.config import ControllerConfig
-from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.goodput import (
     GoodputReader,
     Refused,
@@ -33,9 +31,10 @@ from slurm_elastic.controller.goodput import (
 )
 from slurm_elastic.policy import ElasticUnit, parse_config, resolve_unit
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, DecisionFilter, ExtensionRecord
+from tests.unit.controller_scenarios import replay_in
 from tests.unit.policy_builders import ext, job, spec, util
-from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY_TEXT, Agents, FakeSlurm
+from tests.unit.slurm_replay import Replayed
+from tests.unit.test_controller_cycle import Agents
 
 REPO = Path(__file__).resolve().parents[2]
 ALICE = pwd.getpwnam("alice").pw_uid if any(p.pw_name == "alice" for p in pwd.getpwall()) else None
@@ -316,37 +315,23 @@ def test_attach_ignores_a_file_the_job_user_does_not_own(tmp_path: Path) -> None
 
 
 # --- whole controller cycles ---------------------------------------------------------------------------------
-GOODPUT_POLICY = parse_config(POLICY_TEXT + "goodput = true\nmin_throughput_samples = 3\n")
+# Recorded on the live test cluster (tests/unit/controller_scenarios.py: goodput_linear, goodput_flat): alice's
+# job publishes one unlabelled report per 2 s cycle in its own directory, moved to tmp_path here; the grows are
+# real extension jobs, the shrink a real scancel.
 
 
-def run_job(tmp_path: Path, per_node: float, scaling: str, cycles: int) -> tuple[Controller, FakeSlurm]:
-    """One busy job (95%) publishing ``per_node`` samples/s per node (``linear``) or in all (``flat``), one
-    report per 2 s cycle, unlabelled: the controller attributes them."""
-    clock = FakeClock(datetime(2026, 11, 29, 12, 0, tzinfo=UTC))
-    store = memory_store(clock)
-    slurm = FakeSlurm(clock)
-    agents = Agents(clock)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="t"), GOODPUT_POLICY,
-                     slurm=slurm, store=store, collector=agents, clock=clock)
-    me = pwd.getpwuid(os.geteuid()).pw_name
-    leader = slurm.add_job(10, ["n1"], user=me)
-    slurm.jobs[10] = replace(leader, working_dir=str(tmp_path))
-    path = tmp_path / ".slurm-elastic" / "goodput-10.jsonl"
-    path.parent.mkdir()
-    for _ in range(cycles):
-        running = [j for j in slurm.jobs.values() if j.is_running]
-        agents.util = {(n, j.job_id): 95.0 for j in running for n in j.nodes}
-        size = sum(len(j.nodes) for j in running)
-        value = per_node * size if scaling == "linear" else per_node
-        assert goodput.publish(samples_per_s=value, at=clock().timestamp(), path=str(path))
-        ctl.run_cycle()
-        clock.advance(2.0)
-    return ctl, slurm
+def _sizes(r: Replayed) -> int:
+    leader = r.rec.jobs["leader"]
+    rec = r.store.jobs.get_job(leader)
+    assert rec is not None
+    return rec.current_nodes
 
 
+@needs_root
 def test_a_linearly_scaling_job_keeps_growing_on_measured_throughput(tmp_path: Path) -> None:
-    ctl, slurm = run_job(tmp_path, 100.0, "linear", 40)
-    decisions = ctl.store.decisions.list_decisions(DecisionFilter(job_id=10))
+    r = replay_in("goodput_linear", Agents, tmp_path)
+    leader = r.rec.jobs["leader"]
+    decisions = r.store.decisions.list_decisions(DecisionFilter(job_id=leader))
     grows = sorted((d for d in decisions if d.action == "grow"), key=lambda d: d.id)
     assert [(d.current_nodes, d.target_nodes) for d in grows] == [(1, 2), (2, 3)]
     assert grows[0].inputs["basis"] == "utilization"  # nothing known above 1 node yet
@@ -354,25 +339,27 @@ def test_a_linearly_scaling_job_keeps_growing_on_measured_throughput(tmp_path: P
     assert grows[1].inputs["marginal_efficiency_last"] == pytest.approx(1.0)
     assert "predicted marginal efficiency 1.00 >= 0.50" in grows[1].message
     assert not any(d.action == "shrink" for d in decisions)
-    assert sum(len(j.nodes) for j in slurm.jobs.values() if j.is_running) == 3
+    assert len(r.runner.ran("runuser")) == 2 and _sizes(r) == 3  # two extension jobs, both run by Slurm
 
 
+@needs_root
 def test_a_flat_job_is_shrunk_back_and_not_grown_again(tmp_path: Path) -> None:
-    ctl, slurm = run_job(tmp_path, 500.0, "flat", 70)
-    decisions = sorted(ctl.store.decisions.list_decisions(DecisionFilter(job_id=10)), key=lambda d: d.id)
+    r = replay_in("goodput_flat", Agents, tmp_path)
+    leader = r.rec.jobs["leader"]
+    ctl = r.world.ctl
+    decisions = sorted(ctl.store.decisions.list_decisions(DecisionFilter(job_id=leader)), key=lambda d: d.id)
     acts = [(d.action, d.current_nodes, d.target_nodes, d.reason) for d in decisions if d.action != "hold"]
     assert acts == [("grow", 1, 2, "OVERUTILIZED"), ("shrink", 2, 1, "LOW_MARGINAL_EFFICIENCY")]
     shrink = next(d for d in decisions if d.action == "shrink")
     assert shrink.inputs["basis"] == "throughput" and shrink.inputs["marginal_efficiency_last"] == 0.0
     after = [d for d in decisions if d.id > shrink.id and d.reason != "COOLDOWN"]
-    # Held there ever since: one stored row for the whole unchanged run (holds are stored by change), the
-    # policy's latest decision is still that hold, and the run lasted many cycles.
+    # Held there ever since: one stored row for the whole unchanged run (holds are stored by change), and the
+    # run lasted many cycles.
     assert len(after) == 1 and (after[0].action, after[0].reason) == ("hold", "LOW_MARGINAL_EFFICIENCY")
     assert after[0].inputs["marginal_efficiency_next"] == 0.0
-    (latest,) = ctl.run_cycle().decisions
-    assert (str(latest.action), str(latest.reason)) == ("hold", "LOW_MARGINAL_EFFICIENCY")
     assert (ctl.clock() - after[0].time).total_seconds() >= 40
-    assert sum(len(j.nodes) for j in slurm.jobs.values() if j.is_running) == 1
+    (ext,) = r.store.jobs.extensions(leader, active_only=False)
+    assert r.runner.ran("scancel", str(ext.job_id)) and _sizes(r) == 1  # the extension job cancelled
 
 
 def test_a_new_resize_changes_the_answer_for_an_unchanged_file(tmp_path: Path) -> None:

@@ -178,18 +178,24 @@ def test_a_restarted_controller_acts_in_its_first_cycle_after_the_old_one_died(
     """The controller's cycle goes through hold_lease: it waits while the old process lives, and runs its first
     cycle as soon as it is gone, with the TTL far from over."""
     from slurm_elastic.controller.cycle import Controller
-    from tests.unit.test_controller_cycle import POLICY, Agents, FakeSlurm
+    from tests.unit.slurm_replay import recorded_cli
+    from tests.unit.test_controller_cycle import POLICY, Agents
 
     old = store.lease.acquire("host:1", TTL, process=as_holder(child), stale_after=STALE)
     assert old is not None
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="host:2"), POLICY, slurm=FakeSlurm(clock),
-                     store=store, collector=Agents(clock), clock=clock)
+    slurm, replies = recorded_cli("silent_agent")  # a cycle's Slurm replies, recorded from the live cluster
+    # The recorded snapshot is stamped with the host's time, the cycle with the fake clock's.
+    cfg = ControllerConfig(interval_s=2.0, holder="host:2", max_snapshot_age_s=86400)
+    ctl = Controller(cfg, POLICY, slurm=slurm, store=store, collector=Agents(clock), clock=clock)
     assert ctl.run_cycle().skipped == "not the lease holder"
+    assert replies.calls == []  # it waited without asking Slurm
     child.kill()
     child.wait()
     clock.advance(2)
     summary = ctl.run_cycle()
     assert summary.skipped is None and summary.error is None and summary.cycle_id is not None
+    replies.check()
+    assert ["squeue", "--all", "--json"] in replies.calls  # the cycle took its snapshot from Slurm
     lease = store.lease.get()
     assert lease is not None and lease.holder == "host:2" and lease.epoch == old.epoch + 1
     assert lease.process == ME and lease.stale_after == timedelta(seconds=6)  # 3 x interval_s

@@ -1,6 +1,12 @@
 """Slurm-side losses (controller/losses.py): an extension job preempted by Slurm or lost with a node is recorded
 once as a shrink decision (PREEMPTED_BY_SLURM / NODE_FAILURE), counts as a resize for the cooldown, and is not
-punished by the grow back-off. The real thing on the live cluster: tests/cluster/test_slurm_losses_cluster.py."""
+punished by the grow back-off. The real thing on the live cluster: tests/cluster/test_slurm_losses_cluster.py.
+
+Jobs, nodes and snapshots are parsed by the real adapter from replies recorded on the live test cluster; the
+controller tests replay recorded scenarios (tests/unit/resize_scenarios.py) where the cluster can produce the loss
+on demand (a preemption). DownSlurm/AccountingSlurm (on FakeSlurm) stay for what the shared cluster can not be
+made to do within a recording: a node failing (a killed slurmd takes ~95 s to NODE_FAIL, and takes the node from
+the others' tests), a purge from squeue (MinJobAge, 120 s), sacct failing; each such test says so."""
 
 from __future__ import annotations
 
@@ -21,12 +27,15 @@ from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.errors import LeaseLostError
 from slurm_elastic.store.records import DecisionFilter, ExtensionRecord
+from tests.unit.resize_scenarios import recorded_job, recorded_snapshot
+from tests.unit.slurm_replay import replay
 from tests.unit.storehelpers import FakeClock, memory_store
 from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
 
 LOSS = {str(Reason.PREEMPTED_BY_SLURM), str(Reason.NODE_FAILURE)}
 
 
+# FakeSlurm: nodes that fail (see the module docstring).
 class DownSlurm(FakeSlurm):
     """FakeSlurm whose nodes can be down (its snapshot otherwise derives node states from the jobs)."""
 
@@ -43,8 +52,8 @@ class DownSlurm(FakeSlurm):
 
 # --- find_losses, table-driven ---------------------------------------------------------------------------------
 def _job(job_id: int, state: str, nodes: tuple[str, ...]) -> Job:
-    job = FakeSlurm(FakeClock(T0)).add_job(job_id, list(nodes) or ["n2"])
-    return replace(job, state=state, nodes=nodes, node_count=max(1, len(nodes)))
+    """A job recorded from the test cluster, renumbered, in ``state`` on ``nodes``."""
+    return replace(recorded_job(job_id, nodes or ("n2",)), state=state, nodes=nodes, node_count=max(1, len(nodes)))
 
 
 def _rec(job_id: int, state: str, nodelist: str, *, parent: int = 10, ended: bool = False) -> ExtensionRecord:
@@ -55,15 +64,16 @@ def _rec(job_id: int, state: str, nodelist: str, *, parent: int = 10, ended: boo
 
 def _snap(jobs: list[Job], down: dict[str, tuple[str, tuple[str, ...]]] | None = None,
           gone: tuple[str, ...] = ()) -> ClusterSnapshot:
-    base = FakeSlurm(FakeClock(T0))
+    """The test cluster's nodes and partitions as recorded, all in use (MIXED) but ``down``, without ``gone``."""
+    base = recorded_snapshot()
     nodes = tuple(replace(n, state=(down or {}).get(n.name, ("MIXED", ()))[0],
                           state_flags=(down or {}).get(n.name, ("MIXED", ()))[1])
                   for n in base.nodes if n.name not in gone)
-    return ClusterSnapshot(taken_at=T0, jobs=tuple(jobs), nodes=nodes, partitions=base.snapshot().partitions)
+    return ClusterSnapshot(taken_at=T0, jobs=tuple(jobs), nodes=nodes, partitions=base.partitions)
 
 
 def _unit(exts: tuple[ExtensionJob, ...] = ()) -> ElasticUnit:
-    leader = FakeSlurm(FakeClock(T0)).add_job(10, ["n1"])
+    leader = recorded_job(10, ("n1",))
     return ElasticUnit(job=leader, spec=ElasticSpec(min_nodes=1, max_nodes=4), extensions=exts)
 
 
@@ -169,9 +179,34 @@ def _losses(store: SqlStore) -> list:  # type: ignore[type-arg]
     return [d for d in store.decisions.list_decisions(DecisionFilter(job_id=10)) if d.reason in LOSS]
 
 
-@pytest.mark.parametrize("end_state,reason", [("PREEMPTED", "PREEMPTED_BY_SLURM"), ("NODE_FAIL", "NODE_FAILURE")])
-def test_a_lost_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed_off(
-        end_state: str, reason: str) -> None:
+def test_a_preempted_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed_off() -> None:
+    """Recorded: Slurm preempts the scavenger extension for a --qos=high job (tests/unit/resize_scenarios.py)."""
+    r = replay("extension_preempted", Agents)
+    busy, ext, high = r.rec.jobs["busy"], r.rec.jobs["ext"], r.rec.jobs["high"]
+    (rec,) = r.store.jobs.extensions(busy, active_only=False)
+    assert rec.job_id == ext and rec.state == "PREEMPTED" and rec.ended_at is not None  # closed by reconcile
+    decisions = r.store.decisions.list_decisions(DecisionFilter(job_id=busy, limit=1000))
+    (loss,) = [d for d in decisions if d.reason in LOSS]  # once, through a restarted controller too
+    assert (loss.action, loss.reason, loss.current_nodes, loss.target_nodes) == ("shrink", "PREEMPTED_BY_SLURM", 2, 1)
+    assert loss.inputs["extension_job"] == ext and loss.inputs["slurm_state"] == "PREEMPTED"
+    assert loss.inputs["lost_nodes"] == [rec.nodelist]
+    # Not acted on: the controller cancelled nothing, updated nothing, submitted the one grow (bob's is the test's)
+    assert not [c for c in r.runner.calls if c[0] == "scancel" or c[:2] == ["scontrol", "update"]]
+    assert [c[2] for c in r.runner.ran("runuser")] == ["alice", "bob"]
+    # The loss counts as a resize: cooldown holds for cooldown_s = 20 s after it...
+    after = sorted((d for d in decisions if d.time >= loss.time and d.reason not in LOSS), key=lambda d: d.id)
+    within = [d for d in after if (d.time - loss.time).total_seconds() < 20]
+    assert within and all(d.action == "hold" and d.reason == "COOLDOWN" for d in within)
+    # ...and then it would grow at once (no back-off), but the high job holds the node
+    later = [d for d in after if (d.time - loss.time).total_seconds() >= 20]
+    assert later and all(d.reason == "NO_FREE_NODES" for d in later), [d.reason for d in later]
+    assert high not in {e.job_id for e in r.store.jobs.extensions(busy, active_only=False)}
+
+
+def test_a_node_failed_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed_off() -> None:
+    """FakeSlurm: a node failure on the shared live cluster (a killed slurmd, ~95 s to NODE_FAIL) is not
+    recorded on demand; tests/cluster/test_slurm_losses_cluster.py has it for real."""
+    end_state, reason = "NODE_FAIL", "NODE_FAILURE"
     clock = FakeClock(T0)
     ctl, slurm, agents, store, ext_id = _grown(clock)
     node = slurm.jobs[ext_id].nodes[0]
@@ -219,6 +254,7 @@ def test_a_lost_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed
     assert (clock() - loss_at).total_seconds() < 60
 
 
+# FakeSlurm: the extension purged from slurmctld (MinJobAge, 120 s) while no controller ran, and sacct failing.
 class AccountingSlurm(DownSlurm):
     """DownSlurm with an accounting database: the final states of jobs that left squeue (sacct)."""
 
@@ -269,6 +305,7 @@ def test_a_loss_while_the_controller_was_away_is_read_from_sacct(sacct_works: bo
         assert caplog.text.count("sacct unreadable") == 1
 
 
+# FakeSlurm: a node going NOT_RESPONDING, DOWN, then NODE_FAIL (a killed slurmd on the shared cluster).
 def test_node_down_under_a_running_extension_then_node_fail_is_one_loss() -> None:
     clock = FakeClock(T0)
     ctl, slurm, agents, store, ext_id = _grown(clock)
@@ -294,40 +331,36 @@ def test_node_down_under_a_running_extension_then_node_fail_is_one_loss() -> Non
 
 
 def test_a_failed_extension_is_still_backed_off_and_is_not_a_loss() -> None:
-    clock = FakeClock(T0)
-    ctl, slurm, agents, store, ext_id = _grown(clock)
-    slurm.jobs[ext_id] = replace(slurm.jobs[ext_id], state="FAILED")
-    ctl.reconcile()
-    run(ctl, clock, 15)  # past the cooldown, inside the 60 s back-off
-    assert [c[0] for c in slurm.calls].count("submit") == 1
-    assert _losses(store) == []
+    """The recorded extension job exits 3 at once: its FAILED end is its own, not Slurm's taking."""
+    r = replay("grow_extension_fails", Agents)
+    busy = r.rec.jobs["busy"]
+    assert len(r.runner.ran("runuser")) == 1  # 15 cycles past the cooldown, inside the 60 s back-off
+    assert r.store.decisions.list_decisions(DecisionFilter(job_id=busy, reason="GROW_BACKOFF"))
+    assert [d for d in r.store.decisions.list_decisions(DecisionFilter(job_id=busy)) if d.reason in LOSS] == []
 
 
-def _preempted_extension(clock: FakeClock) -> tuple[SqlStore, FakeSlurm, ElasticUnit]:
+def _preempted_extension(clock: FakeClock) -> tuple[SqlStore, ClusterSnapshot, ElasticUnit]:
     """Job 10 whose extension 11 (on n2, recorded RUNNING) Slurm has just preempted."""
     store = memory_store(clock)
-    slurm = FakeSlurm(clock)
-    slurm.add_job(10, ["n1"])
-    ext = slurm.add_job(11, ["n2"])
-    slurm.jobs[11] = replace(ext, state="PREEMPTED")
+    ext = _job(11, "PREEMPTED", ("n2",))
     store.jobs.record_extension(job_id=11, parent_job_id=10, node_count=1, state="RUNNING", nodelist="n2")
-    return store, slurm, _unit((_ext(slurm.jobs[11]),))
+    return store, _snap([recorded_job(10, ("n1",)), ext]), _unit((_ext(ext),))
 
 
 def test_dry_run_records_losses_too() -> None:
     clock = FakeClock(T0)
-    store, slurm, unit = _preempted_extension(clock)
+    store, snap, unit = _preempted_extension(clock)
     rec = LossRecorder(store)
     cycle = store.decisions.begin_cycle(holder="t", dry_run=True)
-    assert len(rec.record(cycle, {10: unit}, slurm.snapshot(), clock())) == 1
-    assert rec.record(cycle, {10: unit}, slurm.snapshot(), clock()) == []
+    assert len(rec.record(cycle, {10: unit}, snap, clock())) == 1
+    assert rec.record(cycle, {10: unit}, snap, clock()) == []
 
 
 def test_a_controller_that_lost_the_lease_records_no_loss_and_the_new_holder_records_it_once() -> None:
     """HA handover: the old holder found the loss unrecorded, but its lease expired and the standby took it
     before it wrote. Its write is fenced off (nothing written); the new holder records the loss exactly once."""
     clock = FakeClock(T0)
-    store, slurm, unit = _preempted_extension(clock)
+    store, snap, unit = _preempted_extension(clock)
     old = store.lease.acquire("ctl-a", timedelta(seconds=10))
     assert old is not None
     clock.advance(11)
@@ -335,11 +368,11 @@ def test_a_controller_that_lost_the_lease_records_no_loss_and_the_new_holder_rec
     assert new is not None
     cycle = store.decisions.begin_cycle(holder="ctl-a")
     with pytest.raises(LeaseLostError):
-        LossRecorder(store).record(cycle, {10: unit}, slurm.snapshot(), clock(), fencing=old.token())
+        LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=old.token())
     assert _losses(store) == []
     cycle = store.decisions.begin_cycle(holder="ctl-b")
-    assert len(LossRecorder(store).record(cycle, {10: unit}, slurm.snapshot(), clock(), fencing=new.token())) == 1
-    assert LossRecorder(store).record(cycle, {10: unit}, slurm.snapshot(), clock(), fencing=new.token()) == []
+    assert len(LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=new.token())) == 1
+    assert LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=new.token()) == []
     assert len(_losses(store)) == 1
 
 
@@ -355,7 +388,7 @@ def test_extension_qos_config() -> None:
 
 
 def test_extension_request_uses_the_extension_qos_and_keeps_no_kill_no_requeue() -> None:
-    leader = FakeSlurm(FakeClock(T0)).add_job(10, ["n1"])  # QOS normal
+    leader = recorded_job(10, ("n1",))  # QOS normal
     own = build_request(leader, ["n2"], "grow:10:1", T0, rendezvous="h:1")
     scav = build_request(leader, ["n2"], "grow:10:1", T0, rendezvous="h:1", qos="scavenger")
     assert "--qos=normal" in own.sbatch_args and "--qos=scavenger" not in own.sbatch_args
@@ -364,24 +397,12 @@ def test_extension_request_uses_the_extension_qos_and_keeps_no_kill_no_requeue()
 
 
 def test_the_controller_submits_extensions_in_the_configured_qos() -> None:
-    clock = FakeClock(T0)
-    seen: list[tuple[str, ...]] = []
-
-    class Recording(FakeSlurm):
-        def submit_as(self, user, script, sbatch_args, env=None):  # type: ignore[no-untyped-def]
-            seen.append(tuple(sbatch_args))
-            return super().submit_as(user, script, sbatch_args, env)
-
-    slurm, agents = Recording(clock), Agents(clock)
-    cfg = parse_controller_config("version = 1\n[controller]\ninterval_s = 2\nholder = 't'\n"
-                                  "[extension]\nqos = 'scavenger'\n")
-    ctl = Controller(cfg, POLICY, slurm=slurm, store=memory_store(clock), collector=agents,
-                     clock=clock)
-    slurm.add_job(10, ["n1"])
-    agents.util[("n1", 10)] = 95.0
-    run(ctl, clock, 8)
-    assert seen and all("--qos=scavenger" in args for args in seen)
-    assert slurm.jobs[10].qos == "normal"  # the leader is never moved
+    r = replay("grow_in_extension_qos", Agents)
+    (submit,) = r.runner.ran("runuser")
+    assert "--qos=scavenger" in submit and "--qos=normal" not in submit
+    assert not [c for c in r.runner.calls if c[:2] == ["scontrol", "update"]]  # the leader is never moved
+    busy = r.rec.jobs["busy"]
+    assert [e.job_id for e in r.store.jobs.extensions(busy)] == [r.rec.jobs["ext"]]
 
 
 def test_extensions_ended_since_keeps_the_active_and_the_recently_ended() -> None:
@@ -398,6 +419,7 @@ def test_extensions_ended_since_keeps_the_active_and_the_recently_ended() -> Non
     assert [e.job_id for e in store.jobs.extensions(active_only=True, ended_since=T0)] == [13]
 
 
+# FakeSlurm: a dead non-batch node under a --no-kill leader (a killed slurmd on the shared cluster).
 def test_a_leader_that_loses_a_non_batch_node_with_no_kill_is_recorded_once() -> None:
     """With --no-kill Slurm drops a dead non-batch node from the leader and the job goes on (measured on 22.05);
     the controller records it as NODE_FAILURE against the leader, once, and the cooldown applies."""
@@ -418,6 +440,7 @@ def test_a_leader_that_loses_a_non_batch_node_with_no_kill_is_recorded_once() ->
     assert len(_losses(store)) == 1  # once, however many cycles see it
 
 
+# FakeSlurm: released nodes that go DOWN later (downing nodes of the shared cluster).
 def test_a_node_the_controller_released_is_not_a_leader_loss() -> None:
     clock = FakeClock(T0)
     ctl, slurm, agents, store = _world(clock)
@@ -431,6 +454,7 @@ def test_a_node_the_controller_released_is_not_a_leader_loss() -> None:
     assert _losses(store) == []
 
 
+# FakeSlurm: a leader gone from squeue (23.02+ at once; on the 22.05 test cluster only after MinJobAge, 120 s).
 def test_a_leader_that_left_squeue_ends_as_sacct_has_it() -> None:
     """From 23.02 on a finished job is not in squeue --all at all: its record ends with sacct's state."""
     clock = FakeClock(T0)

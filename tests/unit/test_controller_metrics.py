@@ -1,23 +1,24 @@
-"""The controller's metrics on their own registry, fed by real cycles over the in-memory Slurm (fake clock), and
-the Grafana dashboard's queries parsed (the live check against real scrapes is tests/cluster/test_operating_cli.py)."""
+"""The controller's metrics on their own registry, fed by real cycles over Slurm replies recorded from the live test
+cluster (tests/unit/slurm_replay.py, fake clock), and the Grafana dashboard's queries parsed (the live check
+against real scrapes is tests/cluster/test_operating_cli.py)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from slurm_elastic.controller.config import ControllerConfig
-from slurm_elastic.controller.cycle import Controller, outcome_class
-from slurm_elastic.controller.metrics import ControllerMetrics, observe_cycle
+from slurm_elastic.controller.cycle import outcome_class
+from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.promql_names import metric_names
-from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm
+from slurm_elastic.slurm.openapi import parse_squeue
+from tests.unit.controller_scenarios import GPU_NODES
+from tests.unit.slurm_replay import replay
+from tests.unit.test_controller_cycle import Agents
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "slurm-elastic.json"
 
@@ -31,33 +32,22 @@ def samples(m: ControllerMetrics) -> dict[str, list[tuple[dict[str, str], float]
 
 
 def test_cycles_feed_every_controller_metric() -> None:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm, agents, metrics = FakeSlurm(clock), Agents(clock), ControllerMetrics()
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
-                     store=store, collector=agents, clock=clock, metrics=metrics)
-    slurm.add_job(10, ["n1"])
-    agents.util[("n1", 10)] = 95.0
-    agents.silent.add("n4")
-    for _ in range(10):
-        observe_cycle(ctl, ctl.run_cycle, T0)
-        clock.advance(2.0)
-    s = samples(metrics)
-    assert s["slurm_elastic_controller_cycle_duration_seconds_count"] == [({}, 10.0)]
-    assert s["slurm_elastic_controller_lease_held"] == [({}, 1.0)]
+    r = replay("observed_grow", Agents)  # 10 cycles as the daemon runs them, then the lease lost
+    assert r.world.ctl.metrics is not None
+    s = samples(r.world.ctl.metrics)
+    busy = r.rec.jobs["busy"]
+    assert s["slurm_elastic_controller_cycle_duration_seconds_count"] == [({}, 11.0)]
     assert ({"result": "ok"}, 10.0) in s["slurm_elastic_controller_cycles_total"]
     reasons = {lab["reason"] for lab, _ in s["slurm_elastic_controller_decisions_total"]}
     assert "UNDERUTILIZED" not in reasons and len(reasons) >= 1
     assert ({"action": "grow", "outcome": "ok"}, 1.0) in s["slurm_elastic_controller_actions_total"]
     assert s["slurm_elastic_controller_gpus_granted_total"][0][1] == 4.0
     assert s["slurm_elastic_controller_managed_jobs"] == [({}, 1.0)]
-    assert {lab["node"] for lab, _ in s["slurm_elastic_controller_agent_scrape_errors_total"]} == {"n4"}
-    assert {lab["jobid"] for lab, _ in s["slurm_elastic_job_nodes"]} == {"10"}
-    # Losing the lease shows: another holder takes it after ours expired.
-    clock.advance(1000)
-    store.lease.acquire("other", timedelta(seconds=600))
-    observe_cycle(ctl, ctl.run_cycle, T0)
-    assert samples(metrics)["slurm_elastic_controller_lease_held"] == [({}, 0.0)]
+    silent = max(set(GPU_NODES) - set(r.rec.nodes["busy"]))
+    assert {lab["node"] for lab, _ in s["slurm_elastic_controller_agent_scrape_errors_total"]} == {silent}
+    assert {lab["jobid"] for lab, _ in s["slurm_elastic_job_nodes"]} == {str(busy)}
+    # Losing the lease shows: another holder took it after ours expired (the scenario's last cycle).
+    assert s["slurm_elastic_controller_lease_held"] == [({}, 0.0)]
 
 
 @pytest.mark.parametrize(("text", "label"), [
@@ -97,29 +87,36 @@ def test_dashboard_has_the_required_panels_and_only_known_controller_names() -> 
 
 
 def test_finished_jobs_feed_the_completion_and_wait_histograms_once() -> None:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm, agents, metrics = FakeSlurm(clock), Agents(clock), ControllerMetrics()
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
-                     store=store, collector=agents, clock=clock, metrics=metrics)
-    slurm.add_job(10, ["n1"])
-    agents.util[("n1", 10)] = 60.0
-    observe_cycle(ctl, ctl.run_cycle, T0)
-    # Elastic job 10 ends after 2 h (queued 10 min); rigid job 11, never seen running, after 30 min (queued 1 h).
-    slurm.jobs[10] = replace(slurm.jobs[10], state="COMPLETED", submit_time=T0 - timedelta(hours=2),
-                             start_time=T0 - timedelta(hours=2) + timedelta(minutes=10), end_time=T0)
-    slurm.jobs[11] = replace(slurm.jobs[10], job_id=11, state="TIMEOUT", submit_time=T0 - timedelta(hours=1.5),
-                             start_time=T0 - timedelta(minutes=30), end_time=T0)
-    slurm.jobs[12] = replace(slurm.jobs[10], job_id=12, state="CANCELLED", start_time=None, end_time=T0)  # never ran
-    for _ in range(3):  # listed for several cycles, observed once
-        clock.advance(2.0)
-        observe_cycle(ctl, ctl.run_cycle, T0)
-    s = samples(metrics)
+    """Recorded: an elastic job and a rigid one ran and were cancelled, a rigid one was cancelled while it waited;
+    squeue lists them as ended for several cycles, with the jobs that ended before the recording. Each job that
+    ran is observed once, with its times as Slurm reported them; the one that never ran is not."""
+    r = replay("jobs_end", Agents)
+    assert r.world.ctl.metrics is not None
+    s = samples(r.world.ctl.metrics)
+    replies = [parse_squeue(json.loads(c["stdout"]))[1] for c in r.rec.commands
+               if c["argv"][:3] == ["squeue", "--all", "--json"]]
+    final = {j.job_id: j for j in replies[-1]}
+    elastic, rigid, waiting = (final[r.rec.jobs[n]] for n in ("elastic", "rigid", "waiting"))
+    assert {elastic.state, rigid.state, waiting.state} == {"CANCELLED"}
+    # Slurm gives the job cancelled while waiting a start time (the cancel's), but no nodes
+    assert waiting.start_time == waiting.end_time and not waiting.nodes and rigid.nodes
+    ended = {j.job_id: j for reply in replies for j in reply  # every job that ran and ended, once
+             if j.state in {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT"} and j.nodes and j.end_time is not None
+             and j.start_time is not None and j.submit_time is not None and not j.comment.startswith("slurm-elastic:")}
+    assert len([j for reply in replies for j in reply if j.job_id in ended]) > len(ended)  # listed repeatedly
+    rigid_ones = [j for i, j in ended.items() if i != elastic.job_id]
+    assert rigid.job_id in ended and waiting.job_id not in ended
+
+    def seconds(a: datetime | None, b: datetime | None) -> float:
+        assert a is not None and b is not None
+        return (a - b).total_seconds()
+
     counts = {(lab["elastic"], lab["partition"]): v for lab, v in s["slurm_elastic_job_completion_seconds_count"]}
-    assert counts == {("true", "train"): 1.0, ("false", "train"): 1.0}
+    assert counts[("true", elastic.partition)] == 1.0
+    assert sum(v for (e, _p), v in counts.items() if e == "false") == len(rigid_ones)
     sums = {lab["elastic"]: v for lab, v in s["slurm_elastic_job_completion_seconds_sum"]}
-    assert sums == {"true": 7200.0, "false": 5400.0}
+    assert sums["true"] == seconds(elastic.end_time, elastic.submit_time) > 0
+    assert sums["false"] == sum(seconds(j.end_time, j.submit_time) for j in rigid_ones)
     waits = {lab["elastic"]: v for lab, v in s["slurm_elastic_job_wait_seconds_sum"]}
-    assert waits == {"true": 600.0, "false": 3600.0}
-    le = {(lab["elastic"], lab["le"]): v for lab, v in s["slurm_elastic_job_wait_seconds_bucket"]}
-    assert (le[("true", "300.0")], le[("true", "900.0")], le[("false", "3600.0")]) == (0.0, 1.0, 1.0)
+    assert waits["true"] == max(0.0, seconds(elastic.start_time, elastic.submit_time))
+    assert waits["false"] == sum(max(0.0, seconds(j.start_time, j.submit_time)) for j in rigid_ones)

@@ -1,5 +1,6 @@
-"""Moldable start in the controller (controller/molds.py, the actuator's mold): an in-memory Slurm, a fake clock.
-The live-cluster test is tests/cluster/test_moldable_start.py."""
+"""Moldable start in the controller (controller/molds.py, the actuator's mold): the real SlurmCli on replies
+recorded from the live test cluster (tests/unit/resize_scenarios.py), a fake clock. The live-cluster test is
+tests/cluster/test_moldable_start_cluster.py."""
 
 from __future__ import annotations
 
@@ -7,103 +8,72 @@ from dataclasses import replace
 
 import pytest
 
-from slurm_elastic.controller.config import ControllerConfig
-from slurm_elastic.controller.cycle import Controller
-from slurm_elastic.policy import parse_config
-from slurm_elastic.slurm.errors import SlurmError
-from slurm_elastic.slurm.model import Job
-from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
+from tests.unit import resize_scenarios  # noqa: F401 - registers the scenarios replayed here
+from tests.unit.slurm_replay import SCENARIOS, STEP_S, Replayed, replay
 from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY_TEXT, T0, Agents, FakeSlurm, run
-
-MOLDABLE = parse_config(POLICY_TEXT.replace("moldable_start = false", "moldable_start = true") + "step = 2\n")
-ELASTIC = "#!/bin/bash\n#ELASTIC --min-nodes 1\nsrun train\n"  # no --max-nodes: the request is the max
+from tests.unit.test_controller_cycle import T0, Agents
 
 
-class MoldingSlurm(FakeSlurm):
-    def batch_script(self, job_id: int) -> str:
-        return ELASTIC
-
-    def mold(self, job: Job, min_nodes: int, max_nodes: int, time_limit_min: int | None) -> None:
-        self.calls.append(("mold", (job.job_id, min_nodes, max_nodes, time_limit_min)))
-        self.jobs[job.job_id] = replace(job, node_count=min_nodes, time_limit_min=time_limit_min)
+def _writes(r: Replayed) -> list[list[str]]:
+    return [c for c in r.runner.calls if c[0] in ("sbatch", "scancel", "runuser") or c[:2] == ["scontrol", "update"]]
 
 
-def _world(*, dry_run: bool = False) -> tuple[Controller, MoldingSlurm, Agents, FakeClock, SqlStore]:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm = MoldingSlurm(clock)
-    agents = Agents(clock)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test", dry_run=dry_run), MOLDABLE, slurm=slurm,
-                     store=store, collector=agents, clock=clock)
-    slurm.add_job(10, ["n1", "n2"])
-    agents.util.update({("n1", 10): 60.0, ("n2", 10): 60.0})  # in band: it neither grows nor shrinks
-    waiting = slurm.add_job(50, ["n3"])  # asks for all 4 nodes, 600 min
-    slurm.jobs[50] = replace(waiting, state="PENDING", state_reason="Resources", nodes=(), batch_host=None,
-                             node_count=4, start_time=None)
-    return ctl, slurm, agents, clock, store
+def _molds(r: Replayed) -> list[list[str]]:
+    return [c for c in _writes(r) if any(a.startswith("NumNodes=") for a in c)]
 
 
 def test_a_waiting_elastic_job_is_molded_starts_smaller_and_grows_back_to_its_request() -> None:
-    ctl, slurm, agents, clock, store = _world()
-    run(ctl, clock, 1)
-    assert ("mold", (50, 2, 4, 1200)) in slurm.calls  # the 2 free nodes; 600 min x 4/2
-    [action] = [a for a in store.journal.list_actions(job_id=50) if a.kind == ActionKind.MOLD]
-    assert action.state == ActionState.APPLIED and action.idempotency_key == "mold:50"
-    [d] = store.decisions.list_decisions(DecisionFilter(job_id=50))
+    r = replay("mold_waiting_job", Agents)
+    waiting = r.rec.jobs["waiting"]
+    # the 2 free nodes, its request (4) as the max; the recorded 30 min x 4/2
+    assert _molds(r) == [["scontrol", "update", f"JobId={waiting}", "NumNodes=2-4", "TimeLimit=60"]]  # once
+    assert _writes(r)[0] == _molds(r)[0]
+    [action] = [a for a in r.store.journal.list_actions(job_id=waiting) if a.kind == ActionKind.MOLD]
+    assert action.state == ActionState.APPLIED and action.idempotency_key == f"mold:{waiting}"
+    [d] = r.store.decisions.list_decisions(DecisionFilter(job_id=waiting, action="mold"))
     assert (d.action, d.reason, d.current_nodes, d.target_nodes) == ("mold", "MOLDABLE_START", 4, 2)
-    assert d.inputs["time_limit_add_s"] == 600 * 60 and "2 of its 4 requested node(s)" in d.message
-    run(ctl, clock, 2)
-    assert sum(c[0] == "mold" for c in slurm.calls) == 1  # molded once
-    # Slurm starts it on the two free nodes; later job 10 ends and frees two more
-    slurm.jobs[50] = replace(slurm.jobs[50], state="RUNNING", state_reason=None, nodes=("n3", "n4"),
-                             batch_host="n3", start_time=clock())
-    agents.util.update({("n3", 50): 95.0, ("n4", 50): 95.0})
-    run(ctl, clock, 1)
-    job = store.jobs.get_job(50)
-    assert job is not None and job.max_nodes == 4 and job.time_limit_added_min == 600
-    slurm.jobs[10] = replace(slurm.jobs[10], state="COMPLETED")
-    agents.util = {k: v for k, v in agents.util.items() if k[1] != 10}
-    run(ctl, clock, 8)
-    grows = [(g.params["from"], g.params["to"]) for g in store.journal.list_actions(job_id=50)
+    assert d.inputs["time_limit_add_s"] == 30 * 60 and "2 of its 4 requested node(s)" in d.message
+    # Slurm started it on the two free nodes; the other job was cancelled: it grows back to its request (step 2;
+    # without the mold's max it would stay AT_MAX)
+    grows = [(g.params["from"], g.params["to"]) for g in r.store.journal.list_actions(job_id=waiting)
              if g.kind == ActionKind.GROW]
-    assert grows == [(2, 4)]  # back to its request (step 2; without the mold's max it would stay AT_MAX)
-    # the grow gives back what the mold added (remaining x (1 - 2/4), a few seconds short of 1200 min)
-    assert [c for c in slurm.calls if c[0] == "shorten"] == [("shorten", (50, 599))]
+    assert grows == [(2, 4)]
+    (submit,) = r.runner.ran("runuser")
+    assert "--nodes=2" in submit
+    # the grow gives back what the mold added: remaining x (1 - 2/4), in whole minutes, a little under 30
+    (shorten,) = [c for c in _writes(r) if c[-1].startswith("TimeLimit=") and "NumNodes=2-4" not in c]
+    assert shorten == ["scontrol", "update", f"JobId={waiting}", "TimeLimit=31"]
+    job = r.store.jobs.get_job(waiting)
+    assert job is not None and job.max_nodes == 4 and job.time_limit_added_min == 30 - 29
 
 
 def test_a_mold_cut_short_is_finished_by_the_next_cycle() -> None:
-    ctl, slurm, agents, clock, store = _world()
-
-    def crash(step: str) -> None:
-        if step == "mold:after-intent":
-            raise SlurmError("killed between the intent and the update")
-
-    ctl.actuator.fault = crash
-    run(ctl, clock, 1)
-    [action] = [a for a in store.journal.list_actions(job_id=50) if a.kind == ActionKind.MOLD]
-    assert action.state == ActionState.INTENT and not any(c[0] == "mold" for c in slurm.calls)
-    ctl.actuator.fault = lambda step: None
-    run(ctl, clock, 1)
-    assert store.journal.get(action.id).state == ActionState.APPLIED
-    assert [c for c in slurm.calls if c[0] == "mold"] == [("mold", (50, 2, 4, 1200))]
+    r = replay("mold_cut_short", Agents)
+    waiting = r.rec.jobs["waiting"]
+    [action] = [a for a in r.store.journal.list_actions(job_id=waiting) if a.kind == ActionKind.MOLD]
+    assert action.state == ActionState.APPLIED and action.finished_at is not None
+    assert (action.finished_at - action.created_at).total_seconds() >= STEP_S  # journaled in one cycle, done next
+    assert _molds(r) == [["scontrol", "update", f"JobId={waiting}", "NumNodes=2-4", "TimeLimit=60"]]
+    snapshots = [i for i, c in enumerate(r.runner.calls) if c[:2] == ["squeue", "--all"]]
+    assert r.runner.calls.index(_molds(r)[0]) > snapshots[1]  # not in the first cycle
 
 
 def test_dry_run_records_the_mold_and_never_calls_slurm() -> None:
-    ctl, slurm, agents, clock, store = _world(dry_run=True)
-    run(ctl, clock, 1)
-    assert not any(c[0] == "mold" for c in slurm.calls)
-    [d] = store.decisions.list_decisions(DecisionFilter(job_id=50))
-    assert d.reason == "MOLDABLE_START" and d.dry_run
+    r = replay("mold_default_dry_run", Agents)
+    assert _writes(r) == []
+    molds = r.store.decisions.list_decisions(DecisionFilter(job_id=r.rec.jobs["waiting"], action="mold"))
+    assert len(molds) == 2  # nothing journaled: decided again each cycle
+    assert all(d.reason == "MOLDABLE_START" and d.dry_run and (d.current_nodes, d.target_nodes) == (4, 2)
+               for d in molds)
+    assert r.store.journal.list_actions() == []
 
 
 def test_switched_off_nothing_is_molded() -> None:
-    ctl, slurm, agents, clock, store = _world()
-    ctl.policy = parse_config(POLICY_TEXT)
-    run(ctl, clock, 2)
-    assert not any(c[0] == "mold" for c in slurm.calls)
-    assert store.decisions.list_decisions(DecisionFilter(job_id=50)) == []
+    r = replay("mold_switched_off", Agents)
+    assert "moldable_start = false" in SCENARIOS["mold_switched_off"].policy_text
+    assert _writes(r) == []
+    assert r.store.decisions.list_decisions(DecisionFilter(job_id=r.rec.jobs["waiting"])) == []
 
 
 def test_adapter_reshapes_a_waiting_job_in_one_absolute_update_and_refuses_the_rest() -> None:
@@ -133,7 +103,7 @@ def test_the_journal_finds_many_keys_in_one_call() -> None:
 
 
 def test_a_policy_that_does_not_name_it_gets_the_packaged_default_on() -> None:
-    ctl, slurm, agents, clock, store = _world()
-    ctl.policy = parse_config(POLICY_TEXT.replace("moldable_start = false\n", ""))
-    run(ctl, clock, 1)
-    assert ("mold", (50, 2, 4, 1200)) in slurm.calls
+    """The dry-run scenario's policy does not name moldable_start: the mold is decided all the same."""
+    assert "moldable_start" not in SCENARIOS["mold_default_dry_run"].policy_text
+    r = replay("mold_default_dry_run", Agents)
+    assert r.store.decisions.list_decisions(DecisionFilter(job_id=r.rec.jobs["waiting"], reason="MOLDABLE_START"))

@@ -1,9 +1,10 @@
-"""What operators change reaches the controller's cycle: stored policy versions and pauses (in-memory Slurm,
-fake clock), the [api] section of controller.toml, and the CLI's usage and error conventions."""
+"""What operators change reaches the controller's cycle: stored policy versions and pauses (over Slurm replies
+recorded from the live test cluster, fake clock), the [api] section of controller.toml, and the CLI's usage and
+error conventions."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,50 +17,68 @@ from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import parse_config
 from slurm_elastic.policy.schema import DEFAULTS
+from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, DecisionFilter, PauseScope
+from tests.unit.controller_scenarios import SteadyRunner, steady_cli
+from tests.unit.slurm_replay import STEP_S, Replayed, replay
 from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY, POLICY_TEXT, T0, Agents, FakeSlurm, run
+from tests.unit.test_controller_cycle import POLICY_TEXT, Agents
 
-World = tuple[Controller, FakeSlurm, Agents, FakeClock, SqlStore]
+# A 2-node job (max 3) with two free nodes, recorded on the live cluster and read as a steady cluster: a grow
+# would be an sbatch, which steady_cli refuses (the test fails).
+ROOM_TO_GROW = "dry_run_idle"
 
 
-@pytest.fixture
-def world() -> World:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm = FakeSlurm(clock)
+def _steady(store_url: str | None = None, policy_text: str = POLICY_TEXT, dry_run: bool = False
+            ) -> tuple[Controller, SlurmCli, SteadyRunner, Agents, FakeClock, SqlStore, int]:
+    slurm, runner = steady_cli(ROOM_TO_GROW)
+    clock = FakeClock(runner.rec.clock_start)
+    store = SqlStore.open(store_url) if store_url else memory_store(clock)
     agents = Agents(clock)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
-                     store=store, collector=agents, clock=clock)
-    return ctl, slurm, agents, clock, store
+    job = runner.rec.jobs["idle"]
+    agents.util = {(n, job): 95.0 for n in runner.rec.nodes["idle"]}
+    # a snapshot is stamped with the host's time, the cycle with the fake one: never call it stale here
+    cfg = ControllerConfig(interval_s=STEP_S, holder="test", max_snapshot_age_s=86400, dry_run=dry_run)
+    ctl = Controller(cfg, parse_config(policy_text), slurm=slurm, store=store, collector=agents, clock=clock)
+    return ctl, slurm, runner, agents, clock, store, job
 
 
-def test_a_paused_job_is_decided_and_recorded_as_held_but_not_acted_on(world: World) -> None:
-    ctl, slurm, agents, clock, store = world
-    slurm.add_job(10, ["n1"])
-    slurm.add_job(11, ["n2"])
-    agents.util[("n1", 10)] = 95.0
-    agents.util[("n2", 11)] = 95.0
-    store.pauses.pause(PauseScope.JOB, 10, who="root")
-    run(ctl, clock, 8)
-    assert not [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
-    assert [a for a in store.journal.list_actions(job_id=11) if a.kind == ActionKind.GROW]
-    paused = store.decisions.list_decisions(DecisionFilter(job_id=10, reason="PAUSED"))
-    assert paused and all(d.action == "hold" and d.paused for d in paused)
-    assert "grow" in paused[0].message  # the intent is kept in the message
+def run(ctl: Controller, runner: SteadyRunner, clock: FakeClock, cycles: int) -> None:
+    for _ in range(cycles):
+        ctl.run_cycle()
+        runner.check()  # a Slurm write or an unrecorded command, even one the controller caught
+        clock.advance(STEP_S)
 
 
-def test_a_global_pause_holds_everything_until_resumed(world: World) -> None:
-    ctl, slurm, agents, clock, store = world
-    slurm.add_job(10, ["n1"])
-    agents.util[("n1", 10)] = 95.0
-    store.pauses.pause(PauseScope.GLOBAL, None, who="root")
-    run(ctl, clock, 8)
-    assert not store.journal.list_actions(job_id=10)
-    store.pauses.resume(PauseScope.GLOBAL, None)
-    run(ctl, clock, 8)
-    assert [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
+@pytest.fixture(scope="module")
+def pauses() -> Replayed:
+    """Recorded: two busy 1-node jobs under a global pause, "paused" paused on its own too; the global pause is
+    lifted after 8 cycles (the two tests below only read the outcome)."""
+    return replay("pause_then_resume", Agents)
+
+
+def test_a_paused_job_is_decided_and_recorded_as_held_but_not_acted_on(pauses: Replayed) -> None:
+    r = pauses
+    paused, free = r.rec.jobs["paused"], r.rec.jobs["free"]
+    assert not [a for a in r.store.journal.list_actions(job_id=paused) if a.kind == ActionKind.GROW]
+    assert [a for a in r.store.journal.list_actions(job_id=free) if a.kind == ActionKind.GROW]
+    held = r.store.decisions.list_decisions(DecisionFilter(job_id=paused, reason="PAUSED"))
+    assert held and all(d.action == "hold" and d.paused for d in held)
+    assert any("grow" in d.message for d in held)  # the intent is kept in the message
+    (submit,) = r.runner.ran("runuser")  # the one extension job: the free job's
+    assert f"--comment=slurm-elastic:ext parent={free} " in " ".join(submit) + " "
+
+
+def test_a_global_pause_holds_everything_until_resumed(pauses: Replayed) -> None:
+    r = pauses
+    resumed = r.rec.clock_start + timedelta(seconds=8 * STEP_S)  # the scenario lifts it after 8 cycles
+    actions = r.store.journal.list_actions()
+    assert actions and all(a.created_at >= resumed for a in actions)
+    free = r.rec.jobs["free"]
+    during = [d for d in r.store.decisions.list_decisions(DecisionFilter(job_id=free)) if d.time < resumed]
+    assert during and all(d.action == "hold" for d in during)
+    assert [a for a in actions if a.job_id == free and a.kind == ActionKind.GROW]
 
 
 def test_a_partition_pause_cannot_be_undone_by_a_scoped_paused_false() -> None:
@@ -70,31 +89,33 @@ def test_a_partition_pause_cannot_be_undone_by_a_scoped_paused_false() -> None:
     assert with_paused_jobs(cfg, frozenset()) is cfg
 
 
-def test_paused_units_by_scope(world: World) -> None:
+def test_paused_units_by_scope() -> None:
     from slurm_elastic.controller.units import SpecCache, build_units
 
-    ctl, slurm, _agents, _clock, store = world
-    slurm.add_job(10, ["n1"])
+    slurm, runner = steady_cli(ROOM_TO_GROW)
+    store = memory_store(FakeClock(runner.rec.clock_start))
+    job = runner.rec.jobs["idle"]
     units = build_units(slurm.snapshot(), read_script=slurm.batch_script,
                         is_known_key=lambda p, k: False, cache=SpecCache()).units
+    (unit,) = [u for u in units if u.unit_id == job]
     store.pauses.pause(PauseScope.PARTITION, "other", who="root")
     assert paused_units(units, store.pauses.list_pauses()) == frozenset()
-    store.pauses.pause(PauseScope.PARTITION, "train", who="root")
-    assert paused_units(units, store.pauses.list_pauses()) == {10}
+    store.pauses.pause(PauseScope.PARTITION, unit.job.partition, who="root")
+    assert paused_units(units, store.pauses.list_pauses()) == {u.unit_id for u in units}
+    runner.check()
 
 
-def test_the_newest_stored_policy_version_is_in_force_at_the_next_cycle(world: World) -> None:
-    ctl, slurm, agents, clock, store = world
-    slurm.add_job(10, ["n1"])
-    agents.util[("n1", 10)] = 95.0
+def test_the_newest_stored_policy_version_is_in_force_at_the_next_cycle() -> None:
+    ctl, _slurm, runner, _agents, clock, store, job = _steady()
     store.policies.add_policy("version = 1\npaused = true\n", author="root")
-    run(ctl, clock, 1)
+    run(ctl, runner, clock, 1)
     assert ctl.policy_version == 1 and ctl.policy.resolve("paused").value is True
     store.policies.add_policy("version = 1\nscale_up_above = 1000\n", author="root")  # invalid: kept out
-    run(ctl, clock, 1)
+    run(ctl, runner, clock, 1)
     assert ctl.policy_version == 2 and ctl.policy.resolve("paused").value is True
-    run(ctl, clock, 6)
-    assert not store.journal.list_actions(job_id=10)
+    run(ctl, runner, clock, 6)  # busy, with room to grow: only the pause keeps it from an sbatch
+    assert not store.journal.list_actions(job_id=job)
+    assert store.decisions.list_decisions(DecisionFilter(job_id=job, reason="PAUSED"))
 
 
 def test_api_section_of_controller_toml() -> None:
@@ -182,36 +203,25 @@ def test_the_daemon_serves_the_api_and_keeps_the_db_private(tmp_path: Path) -> N
         assert start_api(bad) is None  # logged; the controller runs on without the API
 
 
-PROFILE_POLICY = POLICY_TEXT + """
-[profile.weekend]
-windows = ["Sat,Sun 00:00-24:00"]
-scale_up_above = 60
-"""
-
-
 def test_explain_shows_the_rule_the_signal_and_the_profile_behind_each_decision(tmp_path: Path) -> None:
-    """T0 is Sunday 12:00: the "weekend" profile is in force; its decisions say so, and explain shows it."""
-    clock = FakeClock(T0)
+    """A profile in force on the weekday of the recording (the fake clock's): its decisions say so, and explain
+    shows it. Under --dry-run the grow is decided and stored, and no sbatch is run."""
+    day = steady_cli(ROOM_TO_GROW)[1].rec.clock_start.strftime("%a")
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    store = SqlStore.open(url)
-    slurm = FakeSlurm(clock)
-    agents = Agents(clock)
-    policy = parse_config(PROFILE_POLICY)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,
-                     store=store, collector=agents, clock=clock)
-    slurm.add_job(10, ["n1"])
-    agents.util[("n1", 10)] = 70.0  # a grow only under the weekend profile's scale_up_above = 60
-    run(ctl, clock, 8)
+    policy = POLICY_TEXT + f'[profile.oneday]\nwindows = ["{day} 00:00-24:00"]\nscale_up_above = 60\n'
+    ctl, _slurm, runner, agents, clock, store, job = _steady(url, policy, dry_run=True)
+    agents.util = {(n, job): 70.0 for n in runner.rec.nodes["idle"]}  # a grow only under the profile's 60
+    run(ctl, runner, clock, 8)
     store.close()
-    out = CliRunner().invoke(main, ["explain", "--url", url, "10", "-P", "--last", "50"])
+    out = CliRunner().invoke(main, ["explain", "--url", url, str(job), "-P", "--last", "50"])
     assert out.exit_code == 0, out.output
     rows = [line.split("|") for line in out.output.splitlines()]
     header = next(r for r in rows if r[0] == "time")
     assert header[:6] == ["time", "action", "nodes", "reason", "based_on", "profile"]
     decided = [r for r in rows if len(r) == len(header) and r[0] != "time"]
-    assert any(r[1] == "grow" and r[4] == "utilization" and r[5] == "weekend" for r in decided), out.output
-    # The settings are resolved at the real now (the CLI's own clock): the profile only on a real weekend.
-    weekend = datetime.now(tz=UTC).weekday() >= 5
-    assert ["profile_now", "weekend" if weekend else "(none)"] in rows, out.output
+    assert any(r[1] == "grow" and r[4] == "utilization" and r[5] == "oneday" for r in decided), out.output
+    # The settings are resolved at the real now (the CLI's own clock): the profile only on that weekday.
+    today = datetime.now(tz=UTC).strftime("%a") == day
+    assert ["profile_now", "oneday" if today else "(none)"] in rows, out.output
     default_up = str(DEFAULTS["scale_up_above"])  # the packaged default
-    assert ["scale_up_above", "60" if weekend else default_up, "profile weekend" if weekend else "default"] in rows
+    assert ["scale_up_above", "60" if today else default_up, "profile oneday" if today else "default"] in rows

@@ -1,5 +1,6 @@
 """The controller's serving reader: published lines, the demand history it stores, the forecast, the measured
-cold start and replica capacity, and the file rules it shares with the goodput reader."""
+cold start and replica capacity, and the file rules it shares with the goodput reader. Whole cycles read a serving
+job recorded on the live test cluster (controller_scenarios.steady_cli), its working directory moved to the test's."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from slurm_elastic import serving
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.cycle import Controller
@@ -19,9 +22,11 @@ from slurm_elastic.policy import ElasticUnit, default_config
 from slurm_elastic.policy.config import resolve_unit
 from slurm_elastic.store.records import DecisionFilter, DemandRecord
 from slurm_elastic.store.sqlstore import SqlStore, sqlite_url
+from tests.unit.controller_scenarios import steady_cli
 from tests.unit.policy_builders import ext, job, spec
+from tests.unit.slurm_replay import STEP_S
 from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm
+from tests.unit.test_controller_cycle import POLICY, Agents
 
 NOW = datetime(2026, 1, 12, 9, 0, 30, tzinfo=UTC)  # a Monday
 
@@ -132,27 +137,45 @@ def test_capacity_needs_slots_within_the_slo() -> None:
 # --- a whole controller cycle ---------------------------------------------------------------------------------
 
 
-class ServingSlurm(FakeSlurm):
-    def batch_script(self, job_id: int) -> str:
-        return "#!/bin/bash\n#ELASTIC --serving --slo-p99 50ms --min-nodes 1 --max-nodes 3\nsrun serve\n"
+ALICE = pwd.getpwnam("alice").pw_uid if any(p.pw_name == "alice" for p in pwd.getpwall()) else None
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or ALICE is None,
+                                reason="the recorded job is alice's: her file needs root and a user alice")
 
 
+class Serving:
+    """The recorded serving job (alice's, 1 node) on a steady cluster; its working directory is ``tmp_path``."""
+
+    def __init__(self, tmp_path: Path, *, dry_run: bool) -> None:
+        slurm, self.runner = steady_cli("serving_steady", str(tmp_path))
+        self.clock = FakeClock(self.runner.rec.clock_start)
+        self.store = memory_store(self.clock)
+        self.agents = Agents(self.clock)
+        self.job = self.runner.rec.jobs["serving"]
+        (self.node,) = self.runner.rec.nodes["serving"]
+        # a snapshot is stamped with the host's time, the cycle with the fake one: never call it stale here
+        cfg = ControllerConfig(interval_s=STEP_S, holder="t", max_snapshot_age_s=86400, dry_run=dry_run)
+        self.ctl = Controller(cfg, POLICY, slurm=slurm, store=self.store, collector=self.agents, clock=self.clock)
+        self.path = tmp_path / ".slurm-elastic" / f"serving-{self.job}.jsonl"
+
+    def cycle(self, util: float, requests_per_s: float, p99_ms: float) -> None:
+        self.agents.util = {(self.node, self.job): util}
+        assert serving.publish(requests_per_s, p99_ms=p99_ms, replicas=1, at=self.clock().timestamp(),
+                               path=str(self.path))
+        assert ALICE is not None
+        for p in (self.path.parent, self.path):
+            os.chown(p, ALICE, -1)  # published by the job's user
+        self.ctl.run_cycle()
+        self.runner.check()
+        self.clock.advance(STEP_S)
+
+
+@needs_root
 def test_the_controller_scales_a_serving_job_out_on_its_published_latency(tmp_path: Path) -> None:
-    clock = FakeClock(T0)
-    st = memory_store(clock)
-    slurm = ServingSlurm(clock)
-    agents = Agents(clock)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="t"), POLICY, slurm=slurm, store=st,
-                     collector=agents, clock=clock)
-    leader = slurm.add_job(10, ["n1"], user=me())
-    slurm.jobs[10] = replace(leader, working_dir=str(tmp_path))
-    path = tmp_path / ".slurm-elastic" / "serving-10.jsonl"
+    """Under --dry-run: the grow is decided and stored, and no sbatch is run (the steady cluster refuses one)."""
+    w = Serving(tmp_path, dry_run=True)
     for _ in range(3):
-        agents.util = {("n1", 10): 30.0}  # utilization says shrink; a serving job does not listen to it
-        assert serving.publish(120.0, p99_ms=80.0, replicas=1, at=clock().timestamp(), path=str(path))
-        ctl.run_cycle()
-        clock.advance(2.0)
-    decisions = st.decisions.list_decisions(DecisionFilter(job_id=10))
+        w.cycle(30.0, 120.0, 80.0)  # utilization says shrink; a serving job does not listen to it
+    decisions = w.store.decisions.list_decisions(DecisionFilter(job_id=w.job))
     grows = [d for d in decisions if d.action == "grow"]
     assert grows and grows[0].reason == "SLO_AT_RISK"
     assert grows[0].inputs["p99_ms"] == 80.0 and grows[0].inputs["requests_per_s"] == 120.0
@@ -160,19 +183,10 @@ def test_the_controller_scales_a_serving_job_out_on_its_published_latency(tmp_pa
     assert not any(d.action == "shrink" for d in decisions)
 
 
+@needs_root
 def test_a_serving_hold_is_stored_once_while_only_its_published_numbers_move(tmp_path: Path) -> None:
-    clock = FakeClock(T0)
-    st = memory_store(clock)
-    slurm = ServingSlurm(clock)
-    agents = Agents(clock)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="t"), POLICY, slurm=slurm, store=st,
-                     collector=agents, clock=clock)
-    slurm.jobs[10] = replace(slurm.add_job(10, ["n1"], user=me()), working_dir=str(tmp_path))
-    path = tmp_path / ".slurm-elastic" / "serving-10.jsonl"
+    w = Serving(tmp_path, dry_run=False)
     for i in range(6):
-        agents.util = {("n1", 10): 50.0}
-        assert serving.publish(100.0 + i, p99_ms=20.0 + i, replicas=1, at=clock().timestamp(), path=str(path))
-        ctl.run_cycle()
-        clock.advance(2.0)
-    holds = [d for d in st.decisions.list_decisions(DecisionFilter(job_id=10)) if d.action == "hold"]
+        w.cycle(50.0, 100.0 + i, 20.0 + i)
+    holds = [d for d in w.store.decisions.list_decisions(DecisionFilter(job_id=w.job)) if d.action == "hold"]
     assert [d.reason for d in holds] == ["SLO_MET"]

@@ -1,26 +1,39 @@
 """After a shrink the actuator raises the job's time limit by the plan's extension (extend_time_limit_on_shrink)
 and counts it in the store; a later grow gives (some of) it back; the adapter's argument lists; a failure to
-extend is recorded and never undoes the shrink."""
+extend is recorded and never undoes the shrink. The controller runs the real SlurmCli on replies recorded from the
+live test cluster (tests/unit/slurm_replay.py; scenarios in tests/unit/resize_scenarios.py)."""
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from slurm_elastic.controller.config import ControllerConfig
-from slurm_elastic.controller.cycle import Controller
-from slurm_elastic.policy import parse_config
 from slurm_elastic.slurm.adapter import ResizeRefusedError, SlurmCli
 from slurm_elastic.slurm.errors import SlurmCommandError
 from slurm_elastic.slurm.model import Job
-from slurm_elastic.slurm.runner import CommandResult, RetryPolicy, SlurmCommands
-from slurm_elastic.store import SqlStore
+from slurm_elastic.slurm.runner import CommandResult, CommandRunner, RetryPolicy, SlurmCommands
 from slurm_elastic.store.records import ActionKind, ActionState
-from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY, POLICY_TEXT, T0, Agents, FakeSlurm, run
+from tests.unit.resize_scenarios import recorded_job, recorded_snapshot
+from tests.unit.slurm_replay import (
+    REPO,
+    SCENARIO_DIR,
+    SCENARIOS,
+    Recording,
+    Replayed,
+    ReplayRunner,
+    build_world,
+    replay,
+)
+from tests.unit.storehelpers import FakeClock
+from tests.unit.test_controller_cycle import Agents
+
+# Slurm's refusal of an update, recorded from the test cluster (tests/fixtures/slurm/22.05/recorded/PROVENANCE.md).
+REFUSAL = (REPO / "tests/fixtures/slurm/22.05/recorded/update-unknown-job.txt.stderr").read_text().split("\nexit ")[0]
 
 
 class _Recorder:
@@ -42,9 +55,8 @@ def _cli(rec: _Recorder) -> SlurmCli:
 
 
 def _job(limit: int | None) -> Job:
-    slurm = FakeSlurm(FakeClock(T0))
-    job = slurm.add_job(42, ["n1", "n2"])
-    return replace(job, time_limit_min=limit)
+    """Job 42 on n1, n2 (a job recorded from the test cluster) with time limit ``limit``."""
+    return replace(recorded_job(42, ("n1", "n2")), time_limit_min=limit)
 
 
 def test_adapter_sets_the_absolute_new_limit_and_retries_transient_errors() -> None:
@@ -82,119 +94,137 @@ def test_adapter_types_slurms_refusal() -> None:
     assert len(rec.argvs) == 1  # not transient: no retry
 
 
-class _FailingExtend(FakeSlurm):
-    def extend_time_limit(self, job: Job, add_min: int) -> int:
-        self.calls.append(("refused-extend", (job.job_id, add_min)))
-        raise SlurmCommandError(["scontrol"], 1, "slurm_update error: Access/permission denied")
+def _limit_updates(r: Replayed) -> list[list[str]]:
+    return [c for c in r.runner.calls if c[:2] == ["scontrol", "update"] and c[-1].startswith("TimeLimit=")]
 
 
-def _shrunk_world(slurm: FakeSlurm, policy_text: str = "") -> tuple[Controller, SqlStore, Agents]:
-    clock = slurm.clock
-    assert isinstance(clock, FakeClock)
-    store = memory_store(clock)
-    agents = Agents(clock)
-    policy = parse_config(POLICY_TEXT + policy_text) if policy_text else POLICY
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), policy, slurm=slurm,
-                     store=store, collector=agents, clock=clock)
-    slurm.add_job(20, ["n1", "n2", "n3"])  # time limit 600 min, started an hour ago: 540 min left
-    for n in ("n1", "n2", "n3"):
-        agents.util[(n, 20)] = 5.0
-    run(ctl, clock, 10)  # window filled, shrink decided and signalled, grace over, nodes released
-    return ctl, store, agents
+def _recorded_job(r: Replayed, name: str) -> Job:
+    """The job as the recording's first squeue reply had it (alice's, 30 min, started just before the clock)."""
+    snap = recorded_snapshot(r.rec.name)
+    (job,) = [j for j in snap.jobs if j.job_id == r.rec.jobs[name]]
+    return job
 
 
-def _shrunk(slurm: FakeSlurm, policy_text: str = "") -> tuple[SqlStore, FakeSlurm]:
-    _, store, _ = _shrunk_world(slurm, policy_text)
-    return store, slurm
+class _Refusing(ReplayRunner):
+    """The recording, but Slurm refuses its ``nth`` (1-based) TimeLimit update with a reply recorded from the test
+    cluster (scontrol update of a job it does not know): the command is still checked against the recording."""
+
+    def __init__(self, rec: Recording, nth: int) -> None:
+        super().__init__(rec)
+        self.nth, self.seen = nth, 0
+
+    def __call__(self, argv: Sequence[str], **kw: Any) -> CommandResult:
+        result = super().__call__(argv, **kw)
+        if list(argv[:2]) == ["scontrol", "update"] and argv[-1].startswith("TimeLimit="):
+            self.seen += 1
+            if self.seen == self.nth:
+                return CommandResult(tuple(argv), 1, "", REFUSAL)
+        return result
 
 
+def _replay_refusing(name: str, nth: int) -> Replayed:
+    """:func:`replay` with :class:`_Refusing` (a failed update changes nothing else the controller asks)."""
+    rec = Recording.load(SCENARIO_DIR / f"{name}.json")
+    runner = _Refusing(rec, nth)
+    runner_: CommandRunner = runner
+    commands = SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)
+    clock = FakeClock(rec.clock_start)
+    world, store = build_world(SCENARIOS[name], commands, clock, Agents(clock), rec.jobs, rec.nodes,
+                               rec.extension_env, wait=lambda _job, _state: None)
+    world.check = runner.check
+    SCENARIOS[name].play(world)
+    runner.finish()
+    return Replayed(world, store, runner, rec)
+
+
+def _extension_min(r: Replayed) -> int:
+    """What the shrink 3 -> 2 adds: the remaining time at the decision x (3/2 - 1), rounded up to minutes."""
+    job = _recorded_job(r, "idle")
+    (action,) = [a for a in r.store.journal.list_actions(job_id=job.job_id) if a.kind == ActionKind.SHRINK]
+    assert job.start_time is not None and job.time_limit_min == 30
+    remaining_s = job.time_limit_min * 60 - (action.created_at - job.start_time).total_seconds()
+    return math.ceil(remaining_s * (3 / 2 - 1) / 60)
+
+
+@functools.cache
+def _shrunk_then_grown() -> Replayed:
+    """One replay for the tests that only read it (a replay takes a few seconds of a loaded CI core)."""
+    return replay("shrink_then_grow", Agents)
 
 
 def test_shrink_then_the_time_limit_grows_by_the_plans_extension() -> None:
-    store, slurm = _shrunk(FakeSlurm(FakeClock(T0)))
-    (action,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.SHRINK]
+    r = _shrunk_then_grown()
+    idle = r.rec.jobs["idle"]
+    (action,) = [a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK]
     assert action.state == ActionState.APPLIED
-    add_s = int(action.params["time_limit_add_s"])
-    # decided ~14 s after T0 (window filled): a bit under 540 min left, x (3/2 - 1), rounded up to minutes
-    assert add_s == 270 * 60
-    names = [c[0] for c in slurm.calls]
-    assert names.index("extend") > names.index("shrink")  # after the nodes are gone
-    assert ("extend", (20, 270)) in slurm.calls
-    assert slurm.jobs[20].time_limit_min == 600 + 270 and slurm.jobs[20].node_count == 2
-    assert "time limit 600 -> 870 min (+270min)" in (action.message or "")
-    (decision,) = [d for d in store.decisions.list_decisions() if d.action == "shrink"]
-    assert decision.inputs["time_limit_add_s"] == add_s and "time limit +270min" in decision.message
+    add_min = _extension_min(r)
+    assert add_min == 15 and int(action.params["time_limit_add_s"]) == add_min * 60
+    writes = [c for c in r.runner.calls if c[:2] == ["scontrol", "update"]]
+    assert writes[:2] == [["scontrol", "update", f"JobId={idle}", "NodeList=n[1-2]"],  # the nodes go first
+                          ["scontrol", "update", f"JobId={idle}", f"TimeLimit={30 + add_min}"]]
+    assert f"time limit 30 -> {30 + add_min} min (+{add_min}min)" in (action.message or "")
+    (decision,) = [d for d in r.store.decisions.list_decisions() if d.action == "shrink"]
+    assert decision.inputs["time_limit_add_s"] == add_min * 60 and f"time limit +{add_min}min" in decision.message
 
 
 def test_a_later_grow_gives_back_what_the_shrink_added() -> None:
-    """Shrunk 3 -> 2 with +270 min, then busy again: the grow 2 -> 3 takes remaining x (1 - 2/3) off the limit
-    (about 269 min, at most the 270 added), counts it as given back, and the extension job's --time is the
-    leader's new remaining time."""
-    slurm = FakeSlurm(FakeClock(T0))
-    ctl, store, agents = _shrunk_world(slurm)
-    rec = store.jobs.get_job(20)
-    assert rec is not None and rec.time_limit_added_min == 270 and slurm.jobs[20].time_limit_min == 870
-    for n in slurm.jobs[20].nodes:
-        agents.util[(n, 20)] = 95.0
-    clock = slurm.clock
-    assert isinstance(clock, FakeClock)
-    run(ctl, clock, 15)  # past the 20 s cooldown and a fresh window
-    (grow,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.GROW]
+    """Shrunk 3 -> 2 with +15 min, then busy again: the grow 2 -> 3 takes remaining x (1 - 2/3) off the limit
+    (at most the 15 added), counts it as given back, and the extension job's --time is the leader's new
+    remaining time."""
+    r = _shrunk_then_grown()
+    idle = r.rec.jobs["idle"]
+    (grow,) = [a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.GROW]
     assert grow.state == ActionState.APPLIED
-    (shorten,) = [c for c in slurm.calls if c[0] == "shorten"]
-    sub = shorten[1][1]
-    assert 265 <= sub <= 270  # ~48,500 s left x 1/3, in whole minutes, capped at the 270 added
-    names = [c[0] for c in slurm.calls]
-    assert names.index("shorten") > names.index("submit")  # after the extension is submitted
-    assert slurm.jobs[20].time_limit_min == 870 - sub
-    rec = store.jobs.get_job(20)
-    assert rec is not None and rec.time_limit_added_min == 270 - sub
-    assert f"time limit 870 -> {870 - sub} min (-{sub}min)" in (grow.message or "")
+    extend, shorten = _limit_updates(r)
+    assert extend[-1] == "TimeLimit=45"
+    limit = int(shorten[-1].removeprefix("TimeLimit="))
+    sub = 45 - limit
+    job = _recorded_job(r, "idle")
+    assert job.start_time is not None
+    remaining_s = 45 * 60 - (grow.created_at - job.start_time).total_seconds()
+    assert sub == min(15, int(remaining_s / 3 // 60)) and 0 < sub <= 15  # whole minutes, capped at the 15 added
+    (submit,) = r.runner.ran("runuser")
+    calls = r.runner.calls
+    assert calls.index(shorten) > calls.index(submit)  # after the extension is submitted
+    rec = r.store.jobs.get_job(idle)
+    assert rec is not None and rec.time_limit_added_min == 15 - sub
+    assert f"time limit 45 -> {limit} min (-{sub}min)" in (grow.message or "")
     assert grow.params["time_limit_sub_s"] == sub * 60
-    left_min = (870 - sub) - (clock() - slurm.jobs[20].start_time).total_seconds() / 60  # type: ignore[operator]
-    assert abs(int(slurm.sbatch_args[-1]["--time"]) - left_min) <= 1  # the extension never outlives the leader
-
-
-class _FailingShorten(FakeSlurm):
-    def shorten_time_limit(self, job: Job, sub_min: int) -> int:
-        self.calls.append(("refused-shorten", (job.job_id, sub_min)))
-        raise SlurmCommandError(["scontrol"], 1, "slurm_update error: Access/permission denied")
+    args = dict(a.split("=", 1) for a in submit if a.startswith("--") and "=" in a)
+    left_min = limit - (grow.created_at - job.start_time).total_seconds() / 60
+    assert abs(int(args["--time"]) - left_min) <= 1  # the extension never outlives the leader
 
 
 def test_a_failed_give_back_keeps_the_grow_and_the_count() -> None:
-    slurm = _FailingShorten(FakeClock(T0))
-    ctl, store, agents = _shrunk_world(slurm)
-    for n in slurm.jobs[20].nodes:
-        agents.util[(n, 20)] = 95.0
-    clock = slurm.clock
-    assert isinstance(clock, FakeClock)
-    run(ctl, clock, 15)
-    (grow,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.GROW]
-    assert grow.state == ActionState.APPLIED and [c for c in slurm.calls if c[0] == "refused-shorten"]
+    r = _replay_refusing("shrink_then_grow", nth=2)
+    idle = r.rec.jobs["idle"]
+    (grow,) = [a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.GROW]
+    assert grow.state == ActionState.APPLIED and len(_limit_updates(r)) == 2
     assert "time limit give-back of -" in (grow.message or "") and "failed" in (grow.message or "")
-    rec = store.jobs.get_job(20)
-    assert rec is not None and rec.time_limit_added_min == 270 and slurm.jobs[20].time_limit_min == 870
+    rec = r.store.jobs.get_job(idle)
+    assert rec is not None and rec.time_limit_added_min == 15
 
 
 def test_a_failed_extension_is_recorded_and_the_shrink_stands() -> None:
-    store, slurm = _shrunk(_FailingExtend(FakeClock(T0)))
-    (action,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.SHRINK]
-    assert action.state == ActionState.APPLIED and slurm.jobs[20].node_count == 2
-    assert ("refused-extend", (20, 270)) in slurm.calls
-    assert "time limit extension by +270min failed: slurm_update error: Access/permission denied" in (
-        action.message or "")
-    assert slurm.jobs[20].time_limit_min == 600
-    rec = store.jobs.get_job(20)
-    assert rec is not None and rec.time_limit_added_min == 0  # nothing to give back later
+    r = _replay_refusing("shrink_with_grace", nth=1)
+    idle = r.rec.jobs["idle"]
+    (action,) = [a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK]
+    assert action.state == ActionState.APPLIED and _limit_updates(r) == [
+        ["scontrol", "update", f"JobId={idle}", "TimeLimit=45"]]
+    assert f"time limit extension by +15min failed: {REFUSAL.strip()}" in (action.message or "")
+    rec = r.store.jobs.get_job(idle)
+    assert rec is not None and rec.current_nodes == 2 and rec.time_limit_added_min == 0  # nothing to give back
 
 
 def test_switched_off_no_extension() -> None:
-    store, slurm = _shrunk(FakeSlurm(FakeClock(T0)), "extend_time_limit_on_shrink = false\n")
-    (action,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.SHRINK]
+    r = replay("shrink_keep_time_limit", Agents)
+    idle = r.rec.jobs["idle"]
+    (action,) = [a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK]
     assert action.state == ActionState.APPLIED and action.params["time_limit_add_s"] == 0
-    assert not [c for c in slurm.calls if c[0] == "extend"] and slurm.jobs[20].time_limit_min == 600
+    assert _limit_updates(r) == [] and ["scontrol", "update", f"JobId={idle}", "NodeList=n[1-2]"] in r.runner.calls
 
 
-def test_clock_is_after_t0() -> None:  # the arithmetic above assumes the job started an hour before T0
-    job = FakeSlurm(FakeClock(T0)).add_job(1, ["n1"])
-    assert job.start_time == T0 - timedelta(hours=1) and job.time_limit_min == 600
+def test_the_recorded_job_is_the_one_the_arithmetic_assumes() -> None:
+    job = recorded_job(42, ("n1", "n2"))
+    assert (job.job_id, job.nodes, job.node_count, job.time_limit_min, job.user) == (42, ("n1", "n2"), 2, 30,
+                                                                                       "alice")

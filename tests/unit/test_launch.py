@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from slurm_elastic import resize
-from slurm_elastic.launch import child_pids, rdzv_args
+from slurm_elastic.launch import rdzv_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,22 +68,45 @@ def test_exec_forwards_the_signal_and_new_notices_and_survives(tmp_path: Path) -
             proc.kill()
 
 
-def test_extension_gate_waits_for_the_acknowledgement(tmp_path: Path) -> None:
+STARTED = "import sys, time; open(sys.argv[1], 'w').write(f'ready {time.time()}')"
+
+
+def _gated(tmp_path: Path, notice_file: Path, grace_s: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """The launcher in an extension job, gating a program that writes when it started."""
     out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), resize.ENV_FILE: str(notice_file),
+           "SLURM_ELASTIC_ROLE": "extension", "SLURM_ELASTIC_NOTICE_GRACE": grace_s}
+    proc = subprocess.Popen([sys.executable, "-m", "slurm_elastic.launch", "exec", sys.executable, "-c", STARTED,
+                             str(out)], env=env)
+    return proc, out
+
+
+def _started_at(proc: subprocess.Popen[bytes], out: Path) -> float:
+    try:
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    return float(out.read_text().split()[1])
+
+
+def test_extension_gate_waits_until_the_deadline_without_an_acknowledgement(tmp_path: Path) -> None:
+    """No notice: the gate posts a fresh one (grace 1 s) and, unacknowledged, starts nothing before its deadline
+    (the program's own start time says so: no fixed sleep to prove that nothing started)."""
+    notice_file = tmp_path / "resize-5.json"
+    proc, out = _gated(tmp_path, notice_file, "1")
+    started = _started_at(proc, out)
+    n = resize.read_notice(str(notice_file))
+    assert n is not None and n.kind == "grow" and resize.read_ack(str(notice_file)) is None
+    assert started >= n.deadline
+
+
+def test_extension_gate_starts_once_acknowledged(tmp_path: Path) -> None:
+    """A grow notice with 30 s of grace: the acknowledgement, not the deadline, lets the program start."""
     notice_file = tmp_path / "resize-5.json"
     n = resize.make_notice("grow", 30)
     resize.post(n, str(notice_file))
-    env = {**os.environ, "PYTHONPATH": str(REPO), resize.ENV_FILE: str(notice_file),
-           "SLURM_ELASTIC_ROLE": "extension", "SLURM_ELASTIC_NOTICE_GRACE": "30"}
-    proc = subprocess.Popen([sys.executable, "-m", "slurm_elastic.launch", "exec", sys.executable, "-c", PROGRAM,
-                             str(out)], env=env)
-    try:
-        time.sleep(0.5)  # not a wait for an event: proves that nothing starts before the acknowledgement
-        assert not out.exists()
-        resize.acknowledge(path=str(notice_file))
-        _wait(lambda: out.exists() and "ready" in out.read_text())
-    finally:
-        for pid in child_pids(proc.pid):
-            os.kill(pid, signal.SIGKILL)
-        proc.kill()
-        proc.wait()
+    proc, out = _gated(tmp_path, notice_file, "30")
+    assert resize.acknowledge(path=str(notice_file))
+    started = _started_at(proc, out)
+    ack = resize.read_ack(str(notice_file))
+    assert ack is not None and ack.id == n.id and ack.time <= started < n.deadline

@@ -19,7 +19,7 @@ from slurm_elastic.mig.adapters import (
 from slurm_elastic.mig.config import Commands
 from slurm_elastic.mig.errors import InjectedFault, WorkflowBusyError, WorkflowError
 from slurm_elastic.mig.steps import RecordState
-from slurm_elastic.store import SqlStore
+from slurm_elastic.store import ActionState, SqlStore
 
 
 def test_files_are_replaced_atomically_keeping_their_mode(tmp_path: Path) -> None:
@@ -77,6 +77,13 @@ def test_the_journal_adapter_records_mig_kinds_with_job_id_zero() -> None:
         assert (action.job_id, action.kind.value, action.gpus) == (0, "mig_workflow", 2)
     finally:
         store.close()
+
+
+def test_the_step_machines_states_are_the_journals() -> None:
+    """mig/steps.py keeps its own copy of the journal's states (the pure core does not import the store); the
+    adapter maps each journal state onto it, so a state added to one alone must fail here."""
+    assert {s.name: s.value for s in RecordState} == {s.name: s.value for s in ActionState}
+    assert {s for s in RecordState if s.is_open} == {RecordState(s.value) for s in ActionState if not s.is_terminal}
 
 
 def test_one_workflow_process_per_node(tmp_path: Path) -> None:

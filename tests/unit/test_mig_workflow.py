@@ -1,7 +1,9 @@
-"""The MIG apply workflow: the pure step machine, and the shell through fakes of every port with the real journal.
+"""The MIG apply workflow: the pure step machine, and its recovery logic through port fakes with the real journal.
 
 A crash is a BaseException raised by the fault hook at a step boundary; "restart" is a new MigWorkflow on the
-same journal and fakes running ``resume_open``.
+same journal and fakes running ``resume_open``. Slurm's side is the recorded replies of
+tests/unit/mig_workflow_support.py (RecordedSlurm); what the workflow does to the live Slurm (drain, wait for
+jobs, restart, verify, resume, crash and rollback) is replayed in test_mig_workflow_replay.py.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import pytest
 
 from slurm_elastic.mig.errors import LayoutError
 from slurm_elastic.mig.model import Layout, NodeLayout
-from slurm_elastic.mig.ports import JobOnNode
-from slurm_elastic.mig.slurmconf import node_gres_lines, node_gres_value
+from slurm_elastic.mig.slurmconf import gres_summary, node_gres_lines, node_gres_value
 from slurm_elastic.mig.steps import (
     FORWARD,
     Finish,
@@ -25,12 +26,9 @@ from slurm_elastic.mig.steps import (
     hold_reason,
     next_move,
 )
-from slurm_elastic.store import ActionKind, SqlStore
+from slurm_elastic.store import SqlStore
 from tests.unit.mig_workflow_support import (
-    GRES_CONF,
     NODE,
-    SETTINGS,
-    SLURM_CONF,
     Crash,
     Rig,
     crash_at,
@@ -41,7 +39,8 @@ from tests.unit.storehelpers import FakeClock as StoreClock
 from tests.unit.storehelpers import memory_store
 
 TARGET = NodeLayout.of({0: Layout.of({"3g.20gb": 2}), 1: Layout.of({"1g.5gb": 7})})
-AFTER_GRES = "gpu:3g.20gb:2,gpu:1g.5gb:7"
+AFTER_GRES = {"gpu:3g.20gb": 2, "gpu:1g.5gb": 7, "gpu:a100": 2, "mps": 200}  # n4's 4 GPUs, as recorded
+RESTART = ["stop slurmd n4", "restart slurmctld", "start slurmd n4"]
 
 
 @pytest.fixture
@@ -52,20 +51,21 @@ def rig() -> Iterator[Rig]:
 
 
 def assert_applied(rig: Rig) -> None:
-    assert rig.layout() == {0: {"3g.20gb": 2}, 1: {"1g.5gb": 7}}
+    assert rig.layout() == {0: {"3g.20gb": 2}, 1: {"1g.5gb": 7}, 2: "off", 3: "off"}
     files = rig.files.files
-    assert node_gres_value(files[SETTINGS.slurm_conf], NODE) == AFTER_GRES
-    assert node_gres_value(files[SETTINGS.slurm_conf], "n1") == "gpu:2,mps:200"  # other nodes untouched
-    assert len(node_gres_lines(files[SETTINGS.gres_conf], NODE)) == 9
-    assert rig.slurm.gres == AFTER_GRES
-    assert not rig.slurm.drained and rig.slurm.slurmd_up
+    assert gres_summary(node_gres_value(files[rig.settings.slurm_conf], NODE) or "") == AFTER_GRES
+    assert node_gres_value(files[rig.settings.slurm_conf], "n1") == "gpu:4,mps:400"  # other nodes untouched
+    assert len(node_gres_lines(files[rig.settings.gres_conf], NODE)) == 13
+    assert gres_summary(rig.slurm.served.gres) == AFTER_GRES  # the reply recorded after such a restart
+    assert not rig.slurm.drained and rig.daemons.calls[-3:] == RESTART
     assert rig.journal.open_workflows() == []
 
 
 def assert_original(rig: Rig) -> None:
-    assert rig.layout() == {0: "off", 1: "off"}
-    assert rig.files.files == {SETTINGS.slurm_conf: SLURM_CONF, SETTINGS.gres_conf: GRES_CONF}
-    assert rig.slurm.gres == "gpu:2,mps:200" and rig.slurm.slurmd_up
+    assert rig.layout() == {0: "off", 1: "off", 2: "off", 3: "off"}
+    assert rig.files.files == rig.original_files
+    assert gres_summary(rig.slurm.served.gres) == {"gpu": 4, "mps": 400}
+    assert rig.daemons.calls[-3:] in ([], RESTART)  # no restart, or a whole one last
 
 
 # ---- the pure step machine -------------------------------------------------------------------------------------
@@ -142,61 +142,15 @@ def test_finish_messages_say_what_happened() -> None:
 # ---- the shell, end to end through fakes ---------------------------------------------------------------------
 
 
-def test_apply_runs_every_step_in_order(rig: Rig) -> None:
-    result = rig.workflow().start(NODE, TARGET)
-    assert result.outcome is MigStepOutcome.APPLIED, result
-    assert [s for s, _, _ in result.steps] == [s.value for s in FORWARD]
-    assert all(state == "applied" for _, state, _ in result.steps)
-    assert_applied(rig)
-    assert rig.daemons.calls == ["stop slurmd n4", "restart slurmctld", "start slurmd n4"]
-    assert rig.slurm.calls[0].startswith("drain slurm-elastic mig #1: draining")
-    assert rig.slurm.calls[-1] == "resume"
-    kinds = {a.kind for a in rig.store.journal.list_actions()}
-    assert kinds == {ActionKind.MIG_WORKFLOW, ActionKind.MIG_STEP}
-    assert "# slurm-elastic-mig: n4" in rig.files.files[SETTINGS.gres_conf]
-
-
 def test_applying_the_same_layout_again_changes_no_gpu(rig: Rig) -> None:
     rig.workflow().start(NODE, TARGET)
+    rig.slurm.served = rig.after_apply  # the next apply starts from n4 as Slurm then showed it
     calls = [len(d.calls) for d in rig.agent.devices]
     result = rig.workflow().start(NODE, TARGET)
     assert result.outcome is MigStepOutcome.APPLIED
     assert [len(d.calls) for d in rig.agent.devices] == calls
     assert dict((s, m) for s, _, m in result.steps)["apply_layout"] == "the GPUs already had the layout"
     assert_applied(rig)
-
-
-def test_the_node_waits_for_its_jobs_then_applies(rig: Rig) -> None:
-    rig.slurm.jobs = [JobOnNode(42, "alice", "RUNNING")]
-    slept = []
-
-    def fault(point: str) -> None:  # the job ends while the workflow waits
-        slept.append(point)
-
-    def sleep(seconds: float) -> None:
-        rig.clock.t += seconds
-        rig.slurm.jobs = []
-
-    rig.clock.sleep = sleep  # type: ignore[method-assign]
-    result = rig.workflow(fault).start(NODE, TARGET)
-    assert result.outcome is MigStepOutcome.APPLIED
-    assert_applied(rig)
-
-
-def test_jobs_that_do_not_end_abort_and_restore_the_node(rig: Rig) -> None:
-    rig.slurm.jobs = [JobOnNode(42, "alice", "RUNNING")]
-    result = rig.workflow().start(NODE, TARGET)
-    assert result.outcome is MigStepOutcome.ABORTED
-    assert "jobs 42 still on n4 after the 60 s wait timeout" in result.message
-    assert not rig.slurm.drained
-    assert_original(rig)
-    assert [s for s, _, _ in result.steps] == ["drain", "wait_jobs", "restore_node"]
-
-
-def test_a_node_that_was_drained_stays_drained_with_its_reason(rig: Rig) -> None:
-    rig.slurm.flags, rig.slurm.reason = ("DRAIN",), "bad fan"
-    assert rig.workflow().start(NODE, TARGET).outcome is MigStepOutcome.APPLIED
-    assert rig.slurm.drained and rig.slurm.reason == "bad fan"
 
 
 def test_an_impossible_layout_is_refused_before_anything_is_journaled(rig: Rig) -> None:
@@ -251,26 +205,16 @@ def test_a_failed_drain_puts_the_node_back(rig: Rig) -> None:
     rig.slurm.refuse = {"drain"}
     result = rig.workflow().start(NODE, TARGET)
     assert result.outcome is MigStepOutcome.FAILED and "drain failed" in result.message
-    assert rig.layout() == {0: "off", 1: "off"} and not rig.slurm.drained
+    assert rig.layout() == {0: "off", 1: "off", 2: "off", 3: "off"} and not rig.slurm.drained
 
 
 def test_a_failed_resume_keeps_the_new_layout_and_the_node_drained(rig: Rig) -> None:
     rig.slurm.refuse = {"resume"}
     result = rig.workflow().start(NODE, TARGET)
     assert result.outcome is MigStepOutcome.FAILED
-    assert rig.layout() == {0: {"3g.20gb": 2}, 1: {"1g.5gb": 7}} and rig.slurm.gres == AFTER_GRES
+    assert rig.layout() == {0: {"3g.20gb": 2}, 1: {"1g.5gb": 7}, 2: "off", 3: "off"}
+    assert gres_summary(rig.slurm.served.gres) == AFTER_GRES
     assert rig.slurm.drained and "resume failed" in (rig.slurm.reason or "")
-
-
-def test_verification_fails_when_slurm_keeps_the_old_gres(rig: Rig) -> None:
-    rig.daemons.restart_slurmctld = lambda: rig.daemons.calls.append("restart (no effect)")  # type: ignore[method-assign]
-    result = rig.workflow().start(NODE, TARGET)
-    assert result.outcome is MigStepOutcome.FAILED
-    verify = dict((s, m) for s, _, m in result.steps)["verify"]
-    assert "Slurm shows Gres=gpu:2,mps:200 for n4, expected gpu:3g.20gb:2,gpu:1g.5gb:7" in verify
-    assert rig.slurm.drained and "verify failed" in (rig.slurm.reason or "")
-    assert rig.layout() == {0: "off", 1: "off"}
-    assert rig.clock.t >= 1_000_000.0 + SETTINGS.verify_timeout_s  # it waited, on the fake clock
 
 
 def test_a_crash_during_the_rollback_is_finished_by_the_restart(rig: Rig) -> None:
@@ -290,25 +234,30 @@ def test_a_failed_agent_apply_is_undone(rig: Rig) -> None:
     rig.agent.fail_apply = 1
     result = rig.workflow().start(NODE, TARGET)
     assert result.outcome is MigStepOutcome.FAILED and "apply failed (test)" in result.message
-    assert rig.slurm.drained and rig.layout() == {0: "off", 1: "off"}
+    assert rig.slurm.drained and rig.layout() == {0: "off", 1: "off", 2: "off", 3: "off"}
     assert rig.files.writes == []
 
 
 def test_the_next_apply_finishes_an_open_workflow_first(rig: Rig) -> None:
     with pytest.raises(Crash):
         rig.workflow(crash_at("after:apply_layout")).start(NODE, TARGET)
-    other = NodeLayout.of({0: Layout.disabled(), 1: Layout.disabled()})
-    result = rig.workflow().start(NODE, other)
+
+    def resumed(point: str) -> None:  # after the first one's resume, Slurm shows n4 as recorded then
+        if point == "after:resume":
+            rig.slurm.served = rig.after_apply
+
+    result = rig.workflow(resumed).start(NODE, TARGET)
     assert result.outcome is MigStepOutcome.APPLIED
     assert [r.state.value for r in rig.journal.workflows()] == ["applied", "applied"]
-    assert rig.layout() == {0: "off", 1: "off"}
-    assert node_gres_value(rig.files.files[SETTINGS.slurm_conf], NODE) == "gpu:a100:2,mps:200"
+    assert dict((s, m) for s, _, m in result.steps)["apply_layout"] == "the GPUs already had the layout"
+    assert rig.said[0].startswith("workflow #1: n4 -> ") and "finishing open workflow #1 on n4 first" in rig.said
+    assert_applied(rig)
 
 
 def test_a_file_changed_behind_the_workflows_back_is_not_overwritten(rig: Rig) -> None:
     def hook(point: str) -> None:
         if point == "before:write_gres":
-            rig.files.files[SETTINGS.gres_conf] += "# someone else\n"
+            rig.files.files[rig.settings.gres_conf] += "# someone else\n"
 
     result = rig.workflow(hook).start(NODE, TARGET)
     assert result.outcome is MigStepOutcome.FAILED

@@ -37,26 +37,15 @@ from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import JobView, NodeView, SimClusterState
 from slurm_elastic.sim.policy_adapter import AdapterSettings, ProductionPolicy, at
 from slurm_elastic.slurm.model import ClusterSnapshot as SlurmSnapshot
+from tests.policy_text import UNIT, policy_text
 from tests.unit.policy_builders import job as policy_job
 from tests.unit.policy_builders import unit as policy_unit
 from tests.unit.storehelpers import FakeClock, memory_store
 
 INTERVAL = 30.0
 GPUS = 4
-POLICY = parse_config("""
-version = 1
-window_s = 120
-min_samples = 3
-scale_down_below = 40
-scale_up_above = 80
-shrink_to_admit = false
-moldable_start = false
-cooldown_s = 300
-grace_s = 90
-startup_protection_s = 0
-min_remaining_for_grow_s = 0
-max_metric_age_s = 120
-""")
+POLICY = parse_config(policy_text(UNIT, window_s=120, scale_down_below=40, scale_up_above=80, shrink_to_admit=False,
+                                  cooldown_s=300, grace_s=90, max_metric_age_s=120))
 SCRIPT = "#!/bin/bash\n#ELASTIC --min-nodes 1 --max-nodes 2\nsrun train\n"
 #: Per cycle, the GPU utilization of job a (2 nodes, idles: shrunk at the fifth cycle) and b (1 node, in band).
 UTIL_A = (0.25, 0.125, 0.375, 0.25, 0.125, 0.25, 0.375)

@@ -1,23 +1,24 @@
 """The Prometheus metrics source on replies recorded from a real Prometheus (scripts/record-prometheus-replies):
 dcgm-exporter's series with its HPC job mapping and the agents' own series, before and after targets went away;
 the HTTP path against a loopback server; [metrics_source] in the controller's config; and controller cycles on
-this source that shrink an idle job, grow a busy one and hold on missing data."""
+this source that shrink an idle job, grow a busy one and hold on missing data (on Slurm replies recorded from the
+live test cluster)."""
 
 from __future__ import annotations
 
 import json
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from slurm_elastic.controller.collect import merge_job
+from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig, MetricsSourceConfig, parse_controller_config
-from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.daemon import build_collector
 from slurm_elastic.controller.prometheus import (
     PrometheusError,
@@ -29,8 +30,9 @@ from slurm_elastic.controller.prometheus import (
 )
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
-from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY, T0, FakeSlurm
+from tests.unit import reliability_scenarios  # noqa: F401 - registers the recorded scenario
+from tests.unit.slurm_replay import STEP_S, replay
+from tests.unit.storehelpers import FakeClock
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "prometheus"
 URL = "http://prometheus.test:9090"
@@ -256,15 +258,24 @@ def test_the_daemon_picks_prometheus_without_an_agent_key(tmp_path: Path) -> Non
 
 # --- controller cycles on the Prometheus source ----------------------------------------------------------------------
 class DcgmWorld:
-    """The per-(node, job) figures a Prometheus holding dcgm-exporter's series would answer, at the clock's time."""
+    """The per-(node, job) figures a Prometheus holding dcgm-exporter's series would answer, at the clock's time.
+
+    It stands where a recorded scenario's agents stand (tests/unit/slurm_replay.py: UtilAgents): the scenario
+    sets ``util`` and ``silent`` (any silent node: the server answers 503), and the controller collects through
+    ``collector``, the real Prometheus source asking a loopback server that answers from this world."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.util: dict[tuple[str, int], float] = {}
-        self.down = False  # the server answers 503
+        self.silent: set[str] = set()
+        self.collector: Callable[[Mapping[str, str]], CollectResult] | None = None
+
+    def __call__(self, agents: Mapping[str, str]) -> CollectResult:
+        assert self.collector is not None
+        return self.collector(agents)
 
     def answer(self, expr: str) -> tuple[int, Any]:
-        if self.down:
+        if self.silent:
             return 503, {"status": "error", "errorType": "unavailable", "error": "TSDB not ready"}
         figure = next(name for name, q in queries(DCGM).items() if q == expr)
         now = self.clock().timestamp()
@@ -281,42 +292,38 @@ class DcgmWorld:
 
 
 def test_controller_cycles_on_prometheus_shrink_grow_and_hold_without_data(fake_prometheus: Any) -> None:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm = FakeSlurm(clock)
-    world = DcgmWorld(clock)
-    prom = fake_prometheus(world.answer)
-    source_cfg = MetricsSourceConfig(kind="prometheus", url=prom.url, window_s=30)
-    cfg = ControllerConfig(interval_s=2.0, holder="test", metrics_source=source_cfg)
-    ctl = Controller(cfg, POLICY, slurm=slurm, store=store, collector=build_collector(cfg), clock=clock)
-    slurm.add_job(20, ["n1", "n2"])
-    slurm.add_job(10, ["n3"])
-    world.util.update({("n1", 20): 5.0, ("n2", 20): 5.0, ("n3", 10): 95.0})
+    """The real controller and SlurmCli on Slurm replies recorded from the live cluster (the same scenario recorded
+    with agents: the Slurm commands must come out the same with Prometheus as the metrics source)."""
+    worlds: list[DcgmWorld] = []
+    prom_urls: list[str] = []
 
-    def run(cycles: int) -> None:
-        for _ in range(cycles):
-            ctl.run_cycle()
-            clock.advance(2.0)
+    def world_on_prometheus(clock: FakeClock) -> DcgmWorld:
+        world = DcgmWorld(clock)
+        prom = fake_prometheus(world.answer)
+        prom_urls.append(prom.url)
+        source_cfg = MetricsSourceConfig(kind="prometheus", url=prom.url, window_s=30)
+        world.collector = build_collector(ControllerConfig(interval_s=2.0, holder="test", metrics_source=source_cfg))
+        worlds.append(world)
+        return world
 
-    run(8)
-    assert ("signal", (20, "USR1")) in slurm.calls  # the idle job is told it will shrink
-    grows = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
-    assert len(grows) == 1 and grows[0].state == ActionState.APPLIED
-    run(3)
-    assert ("shrink", (20, ("n1",))) in [c for c in slurm.calls if c[0] == "shrink"]
-    (agent,) = [a for a in store.agents.list_agents() if a.node == "n1"]
-    assert agent.url == prom.url and agent.version == "prometheus" and agent.gpu_count == 4
-    shrunk = len(store.samples.samples(20, since=T0))
-    run(3)
-    assert len(store.samples.samples(20, since=T0)) == shrunk + 3  # one sample per cycle from Prometheus
-    # Prometheus down: every node is an error, no sample is stored, and nothing is decided on old data.
-    world.down = True
-    down_at = clock()
-    run(6)
-    assert len(store.samples.samples(20, since=T0)) == shrunk + 3
-    (agent,) = [a for a in store.agents.list_agents() if a.node == "n1"]
+    r = replay("shrink_grow_then_no_metrics", world_on_prometheus)
+    store, busy, idle = r.store, r.rec.jobs["busy"], r.rec.jobs["idle"]
+    assert ["scancel", "--signal=USR1", "--full", str(idle)] in r.runner.calls  # the idle job is told it will shrink
+    grows = [a for a in store.journal.list_actions(job_id=busy) if a.kind == ActionKind.GROW]
+    assert len(grows) == 1 and grows[0].state == ActionState.APPLIED and len(r.runner.ran("runuser")) == 1
+    kept = r.rec.nodes["idle"][0]
+    assert ["scontrol", "update", f"JobId={idle}", f"NodeList={kept}"] in r.runner.calls
+    (agent,) = [a for a in store.agents.list_agents() if a.node == kept]
+    assert agent.url == prom_urls[0] and agent.version == "prometheus" and agent.gpu_count == 4
+    # One sample per cycle from Prometheus (from the second: the first cycle registers the nodes) until it went
+    # away, none after.
+    times = [x.time for x in store.samples.samples(idle, since=r.rec.clock_start)]
+    down_at = r.rec.clock_start + timedelta(seconds=14 * STEP_S)  # the scenario's 15th cycle
+    assert len(times) >= 12 and all(b - a == timedelta(seconds=STEP_S) for a, b in zip(times, times[1:], strict=False))
+    assert down_at - timedelta(seconds=2 * STEP_S) < times[-1] < down_at  # the last cycle before it
+    (agent,) = [a for a in store.agents.list_agents() if a.node == kept]
     assert agent.last_error is not None and "unavailable: TSDB not ready" in agent.last_error
     during = store.decisions.list_decisions(DecisionFilter(since=down_at))
     assert during and all(d.action == "hold" for d in during)
-    latest = max((d for d in during if d.job_id == 20), key=lambda d: d.id)
+    latest = max((d for d in during if d.job_id == idle), key=lambda d: d.id)
     assert latest.reason in {"WINDOW_NOT_FILLED", "STALE_METRICS", "NO_METRICS"}  # not enough data: hold

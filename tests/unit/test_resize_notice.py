@@ -7,21 +7,24 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from slurm_elastic import resize
-from slurm_elastic.controller.config import ControllerConfig
-from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.extension import build_request, leader_file
 from slurm_elastic.controller.notices import NoticeBoard, NoticeError
+from slurm_elastic.slurm.model import Job
 from slurm_elastic.store.records import ActionKind, ActionState
-from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
+from tests.unit.resize_scenarios import LocalBoard, board, recorded_job
+from tests.unit.slurm_replay import Replayed, replay
+from tests.unit.test_controller_cycle import T0, Agents
 
 ME = pwd.getpwuid(os.getuid()).pw_name
 
@@ -104,9 +107,9 @@ def test_gate_join_waits_for_the_acknowledgement_or_posts_a_fresh_notice(tmp_pat
 
 
 # --- the controller's board ------------------------------------------------------------------------------------
-def _job(tmp_path: Path, user: str = ME):  # type: ignore[no-untyped-def]
-    slurm = FakeSlurm(FakeClock(T0))
-    return replace(slurm.add_job(42, ["n1", "n2"]), working_dir=str(tmp_path), user=user)
+def _job(tmp_path: Path, user: str = ME) -> Job:
+    """Job 42 (a job recorded from the test cluster) of ``user``, working in ``tmp_path``."""
+    return replace(recorded_job(42, ("n1", "n2")), working_dir=str(tmp_path), user=user)
 
 
 def test_board_writes_reads_and_withdraws(tmp_path: Path) -> None:
@@ -143,80 +146,75 @@ def test_board_replaces_a_planted_symlink_and_refuses_foreign_dirs(tmp_path: Pat
         board.post(replace(job, working_dir=str(other)), 42, resize.make_notice("grow", 5))
 
 
-# --- the actuator --------------------------------------------------------------------------------------------------
-def _world(tmp_path: Path, cfg: ControllerConfig | None = None):  # type: ignore[no-untyped-def]
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm = FakeSlurm(clock)
-    agents = Agents(clock)
-    ctl = Controller(cfg or ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
-                     store=store, collector=agents, clock=clock)
-    return ctl, slurm, agents, clock, store
+# --- the actuator (the real SlurmCli on recorded replies; notices in each run's own directory) -------------------
+def _replay(name: str) -> tuple[Replayed, LocalBoard]:
+    r = replay(name, Agents)
+    notices = board(r.world)
+    return r, notices
 
 
-def _mine(slurm: FakeSlurm, job_id: int, nodes: list[str], tmp_path: Path) -> None:
-    slurm.add_job(job_id, nodes, user=ME)
-    slurm.jobs[job_id] = replace(slurm.jobs[job_id], working_dir=str(tmp_path))
+@pytest.fixture(autouse=True)
+def _boards() -> Iterator[None]:
+    """Remove the directories the notice boards of this test's replays made (LocalBoard: mkdtemp)."""
+    before = set(Path(tempfile.gettempdir()).glob("slurm-elastic-notices-*"))
+    yield
+    for d in set(Path(tempfile.gettempdir()).glob("slurm-elastic-notices-*")) - before:
+        shutil.rmtree(d, ignore_errors=True)
 
 
-def test_shrink_posts_a_notice_and_goes_at_the_acknowledgement(tmp_path: Path) -> None:
-    ctl, slurm, agents, clock, store = _world(tmp_path)
-    _mine(slurm, 20, ["n1", "n2", "n3"], tmp_path)
-    for n in ("n1", "n2", "n3"):
-        agents.util[(n, 20)] = 5.0
-    path = str(tmp_path / ".slurm-elastic" / "resize-20.json")
-    for _ in range(20):
-        run(ctl, clock, 1)
-        if resize.read_notice(path) is not None:
-            break
+def _writes(r: Replayed) -> list[list[str]]:
+    return [c for c in r.runner.calls if c[0] in ("sbatch", "scancel", "runuser") or c[:2] == ["scontrol", "update"]]
+
+
+def test_shrink_posts_a_notice_and_goes_at_the_acknowledgement() -> None:
+    r, notices = _replay("notice_shrink_ack")
+    idle = r.rec.jobs["idle"]
+    path = notices.path(idle)
     notice = resize.read_notice(path)
-    (action,) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.SHRINK]
+    (action,) = [a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK]
     assert notice is not None and notice.kind == "shrink" and notice.id == action.idempotency_key
     assert notice.deadline - notice.time == pytest.approx(5) and (notice.from_nodes, notice.to_nodes) == (3, 2)
-    assert action.state == ActionState.IN_PROGRESS and ("signal", (20, "USR1")) in slurm.calls
-    run(ctl, clock, 1, step_s=1.0)  # 2 s into a 5 s grace, not acknowledged: nothing released
-    assert not [c for c in slurm.calls if c[0] == "shrink"]
-    assert resize.acknowledge(step=80, path=path, now=notice.time + 0.8)
-    run(ctl, clock, 1, step_s=1.0)  # still inside the grace period: released at the acknowledgement
-    (action,) = [a for a in store.journal.list_actions(job_id=20) if a.id == action.id]
+    signal, update = _writes(r)[:2]
+    assert signal == ["scancel", "--signal=USR1", "--full", str(idle)] and update[-1] == "NodeList=n[1-2]"
+    # released in the cycle after the acknowledgement, 3 s after the notice: inside the 5 s grace
+    snapshots = [i for i, c in enumerate(r.runner.calls) if c[:2] == ["squeue", "--all"]]
+    assert snapshots[-2] < r.runner.calls.index(update) and snapshots[-1] < r.runner.calls.index(update)
     assert action.state == ActionState.APPLIED and "checkpoint acknowledged after 0.8s" in action.message
-    assert slurm.jobs[20].node_count == 2
+    assert action.finished_at is not None and (action.finished_at - action.created_at).total_seconds() < 5
+    assert (action.params["from"], action.params["to"]) == (3, 2)
     assert not resize.resize_pending(path)  # stays (acknowledged): held workers go on at their peers' end
-    assert ctl.actuator.known_ack_s(20, slurm.jobs[20]) == pytest.approx(0.8)
+    assert r.world.ctl.actuator.known_ack_s(idle, recorded_job(idle, ("n1", "n2"))) == pytest.approx(0.8)
 
 
-def test_shrink_without_acknowledgement_waits_out_the_grace(tmp_path: Path) -> None:
-    ctl, slurm, agents, clock, store = _world(tmp_path)
-    _mine(slurm, 20, ["n1", "n2", "n3"], tmp_path)
-    for n in ("n1", "n2", "n3"):
-        agents.util[(n, 20)] = 5.0
-    run(ctl, clock, 10)
-    (action, *_) = [a for a in store.journal.list_actions(job_id=20) if a.kind == ActionKind.SHRINK]
+def test_shrink_without_acknowledgement_waits_out_the_grace() -> None:
+    r, notices = _replay("notice_shrink_no_ack")
+    idle = r.rec.jobs["idle"]
+    notice = resize.read_notice(notices.path(idle))
+    (action, *_) = [a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK]
+    assert notice is not None and notice.id == action.idempotency_key  # posted, never acknowledged
     assert action.state == ActionState.APPLIED and "no acknowledgement: grace period over" in action.message
     assert action.finished_at is not None and (action.finished_at - action.created_at).total_seconds() >= 5
 
 
-def test_grow_posts_a_notice_before_the_extension_and_passes_its_grace(tmp_path: Path) -> None:
-    cfg = ControllerConfig(interval_s=2.0, holder="test", notice_grace_s=12.0)
-    ctl, slurm, agents, clock, store = _world(tmp_path, cfg)
-    _mine(slurm, 10, ["n1"], tmp_path)
-    agents.util[("n1", 10)] = 95.0
-    run(ctl, clock, 8)
-    (grow,) = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.GROW]
-    notice = resize.read_notice(str(tmp_path / ".slurm-elastic" / "resize-10.json"))
+def test_grow_posts_a_notice_before_the_extension_and_passes_its_grace() -> None:
+    r, notices = _replay("notice_grow")
+    busy = r.rec.jobs["busy"]
+    (grow,) = [a for a in r.store.journal.list_actions(job_id=busy) if a.kind == ActionKind.GROW]
+    path = notices.path(busy)
+    notice = resize.read_notice(path)
     assert notice is not None and notice.kind == "grow" and notice.id == grow.idempotency_key
     assert notice.deadline - notice.time == pytest.approx(12) and grow.params["notice_s"] == 12.0
-    assert "notice grow due in 12s" in grow.message
+    assert "notice grow due in 12s" in grow.message and len(r.runner.ran("runuser")) == 1
     # a known acknowledgement time shortens the next grow notice (4x, at least 5 s)
-    resize.acknowledge(path=str(tmp_path / ".slurm-elastic" / "resize-10.json"), now=notice.time + 0.5)
-    assert ctl.actuator.grow_notice_s(10, slurm.jobs[10]) == 5.0
+    resize.acknowledge(path=path, now=notice.time + 0.5)
+    assert r.world.ctl.actuator.grow_notice_s(busy, recorded_job(busy, ("n1",))) == 5.0
 
 
 def test_extension_request_carries_the_grace_and_appends_to_the_leaders_file() -> None:
-    slurm = FakeSlurm(FakeClock(T0))
-    leader = replace(slurm.add_job(42, ["n1"]), standard_output="/w/slurm-%j.out", standard_error="/w/%x-%5j.err")
+    leader = replace(recorded_job(42, ("n1",)), standard_output="/w/slurm-%j.out", standard_error="/w/%x-%5j.err")
     req = build_request(leader, ["n2"], "grow:42:1", T0, rendezvous="h:1", notice_grace_s=7.5)
     args = dict(a.split("=", 1) for a in req.sbatch_args if "=" in a)
-    assert args["--output"] == "/w/slurm-42.out" and args["--error"] == "/w/train-00042.err"
+    assert args["--output"] == "/w/slurm-42.out" and args["--error"] == f"/w/{leader.name}-00042.err"
+    assert leader.name == "scenario-idle"
     assert req.env["SLURM_ELASTIC_NOTICE_GRACE"] == "7.5"
     assert leader_file("/w/%N-%j-%%j.out", leader) == "/w/%N-42-%%j.out"

@@ -26,6 +26,7 @@ from slurm_elastic.sim.loaders import load_workload
 from slurm_elastic.sim.policy_adapter import AdapterSettings, ProductionPolicy, job_bounds, make_policy
 from slurm_elastic.sim.run import compare
 from slurm_elastic.sim.traces import traces_dir
+from tests.policy_text import SIM_ADMIT, policy_text
 
 from .simhelpers import LinearPerf, job
 
@@ -112,16 +113,7 @@ def test_same_seed_same_run() -> None:
     assert first.elastic is not None and first.elastic.jobs
 
 
-_SCENARIO = """version = 1
-scale_up_above = 40
-scale_down_below = 10
-window_s = 60
-min_samples = 1
-startup_protection_s = 0
-cooldown_s = 0
-shrink_to_admit = true
-grace_s = 120
-"""
+_SCENARIO = policy_text(SIM_ADMIT, scale_up_above=40)
 
 
 def test_shrink_to_admit_waits_for_the_grace_period_then_admits() -> None:

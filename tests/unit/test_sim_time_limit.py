@@ -15,19 +15,11 @@ from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import ResizeRequest, SimClusterState
 from slurm_elastic.sim.engine import Simulation
 from slurm_elastic.sim.invariants import check_invariants
+from tests.policy_text import SIM_ADMIT, policy_text
 
 from .simhelpers import LinearPerf, job
 
-_SCENARIO = """version = 1
-scale_up_above = 90
-scale_down_below = 10
-window_s = 60
-min_samples = 1
-startup_protection_s = 0
-cooldown_s = 0
-shrink_to_admit = true
-grace_s = 120
-"""
+_SCENARIO = policy_text(SIM_ADMIT, scale_up_above=90)
 
 
 def _run(monkeypatch: pytest.MonkeyPatch, extra: str, grows: list[Decision] | None = None) -> tuple[
@@ -87,8 +79,7 @@ def test_no_extension_when_switched_off(monkeypatch: pytest.MonkeyPatch) -> None
 def test_the_regrown_job_gives_the_extension_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """Once B is done, A (busy enough with scale_up_above 30) grows back to 2 nodes: its limit drops by the
     grow's give-back, at most what the shrink added, so it ends no lower than where it started."""
-    monkeypatch.setattr(sys.modules[__name__], "_SCENARIO", _SCENARIO.replace("scale_up_above = 90",
-                                                                             "scale_up_above = 30"))
+    monkeypatch.setattr(sys.modules[__name__], "_SCENARIO", policy_text(SIM_ADMIT, scale_up_above=30))
     grows: list[Decision] = []
     shrinks, limits, _ = _run(monkeypatch, "", grows)
     (g,) = grows
