@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import pwd
+import re
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from slurm_elastic.slurm.runner import CommandResult, RetryPolicy, SlurmCommands
 from tests.cluster.harness import TestCluster
 from tests.unit import (
     controller_scenarios,  # noqa: F401 - registers its scenarios in SCENARIOS
+    loss_scenarios,  # noqa: F401 - registers its scenarios in SCENARIOS
     reliability_scenarios,  # noqa: F401 - registers its scenarios in SCENARIOS
     resize_scenarios,  # noqa: F401 - registers its scenarios in SCENARIOS
 )
@@ -74,6 +76,67 @@ def _own_dir(cluster: TestCluster, scenario: str, user: str) -> Path:
     return d
 
 
+DAEMON_SH = Path(__file__).resolve().parents[2] / "docker-slurm" / "slurm-daemon.sh"
+FAULT_WAIT_S = 240  # SlurmdTimeout=60 marks a silent node DOWN within ~95 s; MinJobAge=120 purges a job
+
+
+def _node_states(cluster: TestCluster, node: str) -> set[str]:
+    """The node's base state and flags from ``scontrol show node`` (``DOWN+NOT_RESPONDING``)."""
+    cp = cluster.run(["scontrol", "show", "node", node], check=True)
+    match = re.search(r"\bState=(\S+)", cp.stdout)
+    return set(match.group(1).split("+")) if match else set()
+
+
+def _poll(what: str, done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + FAULT_WAIT_S
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not after {FAULT_WAIT_S}s")
+        time.sleep(1)
+
+
+class Faults:
+    """The cluster-side events of a scenario (World.fault), and their undoing: every slurmd stopped is started
+    again and every node touched is resumed, until n1-n4 are idle."""
+
+    def __init__(self, cluster: TestCluster, jobs: dict[str, int]) -> None:
+        self.cluster, self.jobs = cluster, jobs
+        self.stopped: set[str] = set()
+        self.touched: set[str] = set()
+
+    def __call__(self, what: str, arg: str) -> None:
+        c = self.cluster
+        if what == "stop-slurmd":  # the node's slurmd dies: Slurm notices by itself (SlurmdTimeout)
+            self.stopped.add(arg)
+            self.touched.add(arg)
+            c.run([str(DAEMON_SH), "stop-slurmd", arg], check=True)
+        elif what == "down":  # an admin sets the node DOWN
+            self.touched.add(arg)
+            c.run(["scontrol", "update", f"NodeName={arg}", "State=DOWN", "Reason=scenario-recording"], check=True)
+        elif what == "wait-node":  # NODE:STATE, a base state or a flag
+            node, state = arg.split(":")
+            _poll(f"{node} {state}", lambda: state in _node_states(c, node))
+        elif what == "wait-job-nodes":  # JOB:N, the job runs on N nodes
+            name, count = arg.split(":")
+            _poll(f"{name} on {count} node(s)",
+                  lambda: (j := c.job(self.jobs[name])) is not None and j.node_count == int(count))
+        elif what == "wait-purged":  # JOB, gone from squeue --all (MinJobAge after its end)
+            _poll(f"{arg} purged", lambda: c.job_record(self.jobs[arg]) is None)
+        else:
+            raise ValueError(f"unknown fault {what!r}")
+
+    def restore(self) -> None:
+        c = self.cluster
+        for node in sorted(self.stopped):
+            c.run([str(DAEMON_SH), "start-slurmd", node], check=True)
+        for node in sorted(self.touched):
+            states = _node_states(c, node)
+            if states & {"DOWN", "DRAIN", "FAIL"}:
+                c.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+        if self.touched:
+            c.wait_nodes_idle(timeout=FAULT_WAIT_S)
+
+
 def record(cluster: TestCluster, scenario: Scenario) -> Recording:
     deadline = time.monotonic() + 120  # the lock's previous holder may still be cancelling its jobs
     while (active := [j.job_id for j in cluster.jobs() if j.state in ACTIVE]) and time.monotonic() < deadline:
@@ -83,6 +146,7 @@ def record(cluster: TestCluster, scenario: Scenario) -> Recording:
     cluster.wait_nodes_idle()
     jobs: dict[str, int] = {}
     nodes: dict[str, list[str]] = {}
+    faults = Faults(cluster, jobs)
     try:
         for spec in scenario.jobs:
             first = jobs[scenario.jobs[0].name] if jobs else 0
@@ -127,6 +191,7 @@ def record(cluster: TestCluster, scenario: Scenario) -> Recording:
             cluster.run(["scancel", str(jobs[name])], user=users[name], check=True)
 
         world.cancel = cancel
+        world.fault = faults
         scenario.play(world)
         return Recording(name=scenario.name, release=RELEASE,
                          recorded_at=datetime.now(tz=UTC).strftime("%Y-%m-%dT%H:%MZ"), clock_start=start,
@@ -135,6 +200,7 @@ def record(cluster: TestCluster, scenario: Scenario) -> Recording:
         cluster.cancel(*jobs.values())
         for spec in scenario.jobs:  # extensions the controller submitted are alice's or bob's
             cluster.run(["scancel", "-u", spec.user, "--name", f"elastic-ext-{jobs.get(spec.name, 0)}"])
+        faults.restore()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

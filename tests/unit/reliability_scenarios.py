@@ -19,6 +19,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import cast
 
 from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.slurm.adapter import SlurmCli
-from slurm_elastic.slurm.runner import CommandResult, CommandRunner
+from slurm_elastic.slurm.runner import CommandResult, CommandRunner, SlurmCommands
 from tests.unit.slurm_replay import ADMIT_POLICY_TEXT, SCENARIOS, JobSpec, Scenario, World
 from tests.unit.storehelpers import file_store
 from tests.unit.test_store_failures import can_mount_tmpfs
@@ -262,6 +263,45 @@ def _admit_not_started(w: World) -> None:
             cmd.run(["scancel", job])
 
 
+def _node_state(cmd: SlurmCommands, node: str) -> str:
+    text = cmd.run(["scontrol", "show", "node", node]).stdout
+    return next((x.split("=", 1)[1] for x in text.split() if x.startswith("State=")), "?")
+
+
+def _cold_node_boots(w: World) -> None:
+    """n5 (a cold node, powered down) is powered up: the controller's cycles run while it boots (3 s here). Then,
+    booted, it is switched off again and the scenario waits until it is powered down, as the power-saving cluster
+    test leaves it (a node left DOWN or NOT_RESPONDING is resumed and forced down once more). The polls go
+    through the runner and are recorded, so the replay goes the same way; only the recording sleeps between them
+    (its runner has the cluster's environment)."""
+    cmd = cast(SlurmCli, w.ctl.slurm).cmd
+    recording = "SLURM_CONF" in cmd.env
+
+    def until(done: Callable[[str], bool], what: str) -> str:
+        for _ in range(120):
+            state = _node_state(cmd, "n5")
+            if done(state):
+                return state
+            if recording:
+                time.sleep(0.5)  # a poll of the live cluster while recording, never in a replay
+        raise AssertionError(f"n5 never {what} (State={state}); power it down by hand: scontrol update "
+                             "NodeName=n5 State=RESUME, then State=POWER_DOWN_FORCE")
+
+    cmd.run(["scontrol", "update", "NodeName=n5", "State=POWER_UP"])
+    try:
+        w.cycles(2)
+    finally:
+        until(lambda st: "POWERING_UP" not in st, "finished booting")
+        cmd.run(["scontrol", "update", "NodeName=n5", "State=POWER_DOWN_FORCE"])
+        state = until(lambda st: ("POWERED_DOWN" in st and "POWERING" not in st) or st.startswith("DOWN"),
+                      "powered down")
+        if state.startswith("DOWN") or "NOT_RESPONDING" in state:
+            cmd.run(["scontrol", "update", "NodeName=n5", "State=RESUME"])
+            cmd.run(["scontrol", "update", "NodeName=n5", "State=POWER_DOWN_FORCE"])
+        until(lambda st: st.startswith("IDLE") and "POWERED_DOWN" in st and "POWERING" not in st
+              and "NOT_RESPONDING" not in st, "powered down")
+
+
 def _shrink_grow_then_no_metrics(w: World) -> None:
     w.cycles(8)  # the idle job is signalled, the busy one grows by an extension job
     w.wait("ext", "RUNNING")
@@ -300,6 +340,8 @@ for _s in (
              (JobSpec("running", 3, util=60.0, priority=100),
               JobSpec("pending", 2, user="bob", elastic=False, priority=100000, pending=True)),
              _admit_not_started, policy_text=ADMIT_POLICY_TEXT),
+    Scenario("cold_node_boots", "a 1-node job; the cold node n5 is powered up and boots during two cycles",
+             (JobSpec("job", 1, util=50.0),), _cold_node_boots),
     Scenario("shrink_grow_then_no_metrics", "a busy 1-node job grows, an idle 2-node job shrinks to 1; then no "
              "node's metrics answer", (JobSpec("busy", 1, util=95.0), JobSpec("idle", 2, util=5.0)),
              _shrink_grow_then_no_metrics),

@@ -99,6 +99,9 @@ class World:
     wait: Callable[[str, str], None]  # (job name, state): in recording, wait until Slurm shows it; no-op in replay
     check: Callable[[], None] = lambda: None  # after each controller call (replay: stale recording?)
     cancel: Callable[[str], None] = lambda _name: None  # in recording, scancel the job as its user would
+    # (what, argument): in recording, a cluster-side event the scenario needs (stop a slurmd, set a node DOWN,
+    # wait for a node state or a purge; tests/cluster/scenario_recorder.py: Faults); a no-op in replay
+    fault: Callable[[str, str], None] = lambda _what, _arg: None
     reconciled: list[list[str]] = field(default_factory=list)  # what each reconcile() said it did
 
     def cycles(self, n: int) -> None:
@@ -334,14 +337,16 @@ class Replayed:
     rec: Recording
 
 
-def replay(name: str, agents_factory: Callable[[FakeClock], UtilAgents]) -> Replayed:
-    """Play scenario ``name`` on its recording; fails if the controller's commands differ from it."""
+def replay(name: str, agents_factory: Callable[[FakeClock], UtilAgents],
+           runner_type: Callable[[Recording], ReplayRunner] = ReplayRunner) -> Replayed:
+    """Play scenario ``name`` on its recording; fails if the controller's commands differ from it. ``runner_type``:
+    a :class:`ReplayRunner` that answers some checked command otherwise (a reply recorded elsewhere)."""
     scenario = SCENARIOS[name]
     path = SCENARIO_DIR / f"{name}.json"
     if not path.exists():
         raise StaleRecordingError(f"no recording {path}; " + RERECORD.format(name=name))
     rec = Recording.load(path)
-    runner = ReplayRunner(rec)
+    runner = runner_type(rec)
     runner_: CommandRunner = runner
     commands = SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)
     clock = FakeClock(rec.clock_start)

@@ -242,25 +242,24 @@ def test_nodes_slurm_switched_off_are_not_asked() -> None:
     assert asked and all(a == {"n1", "n2", "n3", "n4"} for a in asked), asked
 
 
-# FakeSlurm: a node caught mid-boot (POWERING_UP) for whole cycles is a race on the live cluster.
-def test_nodes_slurm_switched_off_or_is_booting_are_not_asked(world: tuple) -> None:  # type: ignore[type-arg]
-    ctl, slurm, agents, clock, store = world
-    slurm.nodes[2] = replace(slurm.nodes[2], state_flags=("CLOUD", "POWERED_DOWN"))
-    slurm.nodes[3] = replace(slurm.nodes[3], state_flags=("CLOUD", "NOT_RESPONDING", "POWERING_UP"))
+def test_nodes_slurm_switched_off_or_is_booting_are_not_asked() -> None:
+    """Replayed (reliability_scenarios.py: cold_node_boots): n5 is powered up and boots during the cycles, n6
+    stays off: neither is asked (no agent can answer there yet)."""
     asked: list[set[str]] = []
-    collect = ctl.collector
 
-    def recording(urls: Mapping[str, str]) -> CollectResult:
-        asked.append(set(urls))
-        result: CollectResult = collect(urls)
-        return result
+    class Asked(Agents):
+        def __call__(self, agents: Mapping[str, str]) -> CollectResult:
+            asked.append(set(agents))
+            return super().__call__(agents)
 
-    ctl.collector = recording
-    slurm.add_job(45, ["n1"])
-    agents.util[("n1", 45)] = 50.0
-    run(ctl, clock, 2)
-    assert asked and all(a == {"n1", "n2"} for a in asked), asked
-    assert {a.node for a in store.agents.list_agents()} == {"n1", "n2"}
+    r = replay("cold_node_boots", Asked)
+    cycle_sinfo = [c for c in r.rec.commands if c["argv"][:2] == ["sinfo", "--json"]][:2]
+    flags = [{n["name"]: n.get("state_flags", []) for n in json.loads(c["stdout"])["nodes"]} for c in cycle_sinfo]
+    # n5: asked to power up (still POWERED_DOWN), then booting (POWERING_UP, NOT_RESPONDING); n6 off throughout
+    assert "POWER_UP" in flags[0]["n5"] and "POWERING_UP" in flags[1]["n5"], flags
+    assert all("POWERED_DOWN" in f["n6"] for f in flags), flags
+    assert len(asked) == 2 and all(a == {"n1", "n2", "n3", "n4"} for a in asked), asked
+    assert {a.node for a in r.store.agents.list_agents()} == {"n1", "n2", "n3", "n4"}
 
 
 def test_reconcile_resolves_dangling_grows_by_their_key() -> None:
