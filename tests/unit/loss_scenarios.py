@@ -18,10 +18,17 @@ from tests.unit.slurm_replay import SCENARIOS, SCRIPT, JobSpec, Scenario, World
 NO_KILL_SCRIPT = SCRIPT.replace("#ELASTIC", "#SBATCH --no-kill\n#ELASTIC", 1)
 
 
+def fake_time_accounting(w: World) -> None:
+    """sshare/sacctmgr re-read on the fake clock, not the host's: a recording that waits minutes for the cluster
+    (a purge) asks no more than its replay, which does not wait."""
+    w.ctl.accounting.clock = lambda: w.clock().timestamp()
+
+
 def restart(w: World) -> None:
     """A restarted controller on the same store and Slurm."""
     w.ctl = Controller(w.ctl.cfg, w.ctl.policy, slurm=w.ctl.slurm, store=w.ctl.store, collector=w.ctl.collector,
                        clock=w.clock)
+    fake_time_accounting(w)
 
 
 def _grown_onto_last_free_node(w: World) -> str:
@@ -113,11 +120,11 @@ for _s in (
                                                                                   script=NO_KILL_SCRIPT),),
              _no_kill_leader),
     Scenario("released_nodes_down", "an idle 3-node job shrinks to 2; the released node is set DOWN later",
-             (JobSpec("idle", 3, util=5.0),), _released_down),
+             (JobSpec("idle", 3, util=5.0),), _released_down, prepare=fake_time_accounting),
     Scenario("leader_purged", "a 1-node job is cancelled while no cycle runs and is purged from squeue",
-             (JobSpec("leader", 1, util=60.0),), _leader_purged),
+             (JobSpec("leader", 1, util=60.0),), _leader_purged, prepare=fake_time_accounting),
     Scenario("extension_preempted_while_away", "a scavenger extension is preempted and purged from squeue "
              "while no controller runs; the restarted one reads sacct", _BUSY_BESIDE_FILLER,
-             _preempted_while_away),
+             _preempted_while_away, prepare=fake_time_accounting),
 ):
     SCENARIOS.setdefault(_s.name, _s)

@@ -302,6 +302,38 @@ def _cold_node_boots(w: World) -> None:
               and "NOT_RESPONDING" not in st, "powered down")
 
 
+def _admit_again_once_a_holder_ended(w: World) -> None:
+    """Shrink-to-admit for a pending 1-node job while bob's job holds the last node; a top-priority job pinned to
+    the node the shrink frees takes it (Slurm chose otherwise: no change to the basis). Then bob's job ends and
+    another pinned top-priority job takes its node at once: a holder ended, so the controller shrinks again well
+    inside admit_backoff_s. The pinned jobs are submitted and cancelled through the controller's own runner."""
+    cmd = cast(SlurmCli, w.ctl.slurm).cmd
+    pinned: list[str] = []
+
+    def pin(node: str, name: str) -> None:
+        pinned.append(cmd.run(["sbatch", "--parsable", "-N1", f"--nodelist={node}", "--gres=gpu:4", "--time=30",
+                               "--priority=1000000", f"--job-name=scenario-{name}", "--chdir=/tmp",
+                               "--output=/dev/null", "--wrap=sleep 600"]).stdout.strip())
+
+    def take_the_node_to_be_freed(step: str) -> None:
+        if step == "shrink:after-intent" and not pinned:
+            (intent,) = w.ctl.store.journal.open_actions(w.jobs["running"])
+            pin(intent.params["released_nodes"][0], "backfill")
+
+    w.ctl.actuator.fault = take_the_node_to_be_freed
+    try:
+        w.cycles(10)  # the grace, then the shrink 3 -> 2 for the pending job; the pinned job takes the freed node
+        w.ctl.actuator.fault = lambda _step: None
+        w.cycles(40)  # 80 s, several cooldowns: nothing changed, no further shrink
+        pin(w.nodes["holder"][0], "replacement")  # pends: bob's job holds that node
+        w.cancel("holder")  # bob's job ends; the replacement (top priority) takes its node at once
+        w.wait("holder", "CANCELLED")
+        w.cycles(10)  # a holder of the partition ended: shrinks again for the pending job
+    finally:
+        for job in pinned:
+            cmd.run(["scancel", job])
+
+
 def _shrink_grow_then_no_metrics(w: World) -> None:
     w.cycles(8)  # the idle job is signalled, the busy one grows by an extension job
     w.wait("ext", "RUNNING")
@@ -342,6 +374,13 @@ for _s in (
              _admit_not_started, policy_text=ADMIT_POLICY_TEXT),
     Scenario("cold_node_boots", "a 1-node job; the cold node n5 is powered up and boots during two cycles",
              (JobSpec("job", 1, util=50.0),), _cold_node_boots),
+    Scenario("admit_again_once_a_holder_ended", "a 3-node job in band shrinks to 2 for a pending 1-node job; "
+             "another job takes the freed node; later bob's job on the last node ends and another takes that at "
+             "once: the 3-node job shrinks again for the pending job",
+             (JobSpec("running", 3, util=60.0, priority=100), JobSpec("holder", 1, user="bob", util=60.0),
+              JobSpec("pending", 1, user="bob", elastic=False, priority=100000, pending=True)),
+             _admit_again_once_a_holder_ended,
+             policy_text=ADMIT_POLICY_TEXT.replace("admit_backoff_s = 120", "admit_backoff_s = 1800")),
     Scenario("shrink_grow_then_no_metrics", "a busy 1-node job grows, an idle 2-node job shrinks to 1; then no "
              "node's metrics answer", (JobSpec("busy", 1, util=95.0), JobSpec("idle", 2, util=5.0)),
              _shrink_grow_then_no_metrics),

@@ -138,17 +138,6 @@ class Agents:
         return CollectResult(reports=reports, errors={n: "timeout" for n in agents if n in self.silent})
 
 
-@pytest.fixture
-def world() -> tuple[Controller, FakeSlurm, Agents, FakeClock, SqlStore]:
-    clock = FakeClock(T0)
-    store = memory_store(clock)
-    slurm = FakeSlurm(clock)
-    agents = Agents(clock)
-    cfg = ControllerConfig(interval_s=2.0, holder="test")
-    ctl = Controller(cfg, POLICY, slurm=slurm, store=store, collector=agents, clock=clock)
-    return ctl, slurm, agents, clock, store
-
-
 def run(ctl: Controller, clock: FakeClock, cycles: int, step_s: float = 2.0) -> None:
     for _ in range(cycles):
         ctl.run_cycle()
@@ -405,24 +394,22 @@ def test_shrink_to_admit_shrinks_again_after_the_backoff() -> None:
     assert slurm.jobs[10].node_count == 1
 
 
-# FakeSlurm: as above, a backfill that takes the freed node, then a holder replaced at once.
 def test_shrink_to_admit_tries_again_once_a_job_that_held_the_partition_ended() -> None:
     """The journal keeps what a shrink-to-admit was based on (the holders of the pending job's partition). A
-    backfilled job taking the freed node is no change; a holder that ends is, even when another job takes its
-    node at once: the controller shrinks again for the pending job well inside admit_backoff_s."""
-    ctl, slurm, agents, clock, store = _admit_world(backoff_s=1800)
-    slurm.add_job(20, ["n4"], user="bob")  # holds the last node; no free node at all
-    agents.util[("n4", 20)] = 60.0
-    slurm.jobs[50] = replace(slurm.jobs[50], node_count=1)
-    run(ctl, clock, 10)
-    (first,) = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]
-    assert first.params["admit_basis"] == [{"job_id": 50, "request": "1|gpu::4|train", "holders": [10, 20]}]
-    slurm.add_job(60, ["n3"], user="bob")  # Slurm backfilled the freed node
-    run(ctl, clock, 200)  # 400 s, past the cooldown: nothing changed, no further shrink
-    assert len([a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]) == 1
-    slurm.jobs[20] = replace(slurm.jobs[20], state="COMPLETED")
-    slurm.add_job(70, ["n4"], user="bob")  # job 20 ended and job 70 took its node at once
-    run(ctl, clock, 10)
-    shrinks = [a for a in store.journal.list_actions(job_id=10) if a.kind == ActionKind.SHRINK]
+    job taking the freed node is no change; a holder that ends is, even when another job takes its node at once:
+    the controller shrinks again for the pending job well inside admit_backoff_s (1800 s).
+    Replayed (reliability_scenarios.py: admit_again_once_a_holder_ended)."""
+    r = replay("admit_again_once_a_holder_ended", Agents)
+    running, holder, pending = r.rec.jobs["running"], r.rec.jobs["holder"], r.rec.jobs["pending"]
+    shrinks = sorted((a for a in r.store.journal.list_actions(job_id=running) if a.kind == ActionKind.SHRINK),
+                     key=lambda a: a.id)
+    first = shrinks[0]
+    assert first.params["admit_basis"] == [{"job_id": pending, "request": "1|gpu::4|train",
+                                            "holders": sorted([running, holder])}]
+    cancelled_at = r.rec.clock_start + timedelta(seconds=50 * 2)  # after the scenario's 50th cycle
+    assert [a for a in shrinks if a.created_at < cancelled_at] == [first]  # 80 s, nothing changed: no shrink
     assert sorted((a.params["from"], a.params["to"]) for a in shrinks) == [(2, 1), (3, 2)]
-    assert (clock() - first.finished_at).total_seconds() < 1800  # type: ignore[operator]
+    assert first.finished_at is not None
+    assert (shrinks[1].created_at - first.finished_at).total_seconds() < 1800
+
+

@@ -3,51 +3,43 @@ once as a shrink decision (PREEMPTED_BY_SLURM / NODE_FAILURE), counts as a resiz
 punished by the grow back-off. The real thing on the live cluster: tests/cluster/test_slurm_losses_cluster.py.
 
 Jobs, nodes and snapshots are parsed by the real adapter from replies recorded on the live test cluster; the
-controller tests replay recorded scenarios (tests/unit/resize_scenarios.py) where the cluster can produce the loss
-on demand (a preemption). DownSlurm/AccountingSlurm (on FakeSlurm) stay for what the shared cluster can not be
-made to do within a recording: a node failing (a killed slurmd takes ~95 s to NODE_FAIL, and takes the node from
-the others' tests), a purge from squeue (MinJobAge, 120 s), sacct failing; each such test says so."""
+controller tests replay recorded scenarios: a preemption (tests/unit/resize_scenarios.py), and what takes the
+cluster minutes (tests/unit/loss_scenarios.py): a node failing, a node set DOWN, a job purged from squeue. sacct
+failing is its recorded reply while slurmdbd can not be reached, served in place of the scenario's sacct reply."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from slurm_elastic.controller.config import ControllerConfig, parse_controller_config
-from slurm_elastic.controller.cycle import Controller
+from slurm_elastic.controller.config import parse_controller_config
 from slurm_elastic.controller.extension import build_request
 from slurm_elastic.controller.losses import LossRecorder, find_losses, loss_decisions
 from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import Action, ElasticUnit, ExtensionJob, Outcome, Reason
-from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
+from slurm_elastic.slurm.runner import CommandResult
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.errors import LeaseLostError
 from slurm_elastic.store.records import DecisionFilter, ExtensionRecord
+from tests.unit import loss_scenarios  # noqa: F401 - registers its scenarios
 from tests.unit.resize_scenarios import recorded_job, recorded_snapshot
-from tests.unit.slurm_replay import replay
+from tests.unit.slurm_replay import STEP_S, Recording, ReplayRunner, command_key, recorded_cli, replay
 from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_controller_cycle import POLICY, T0, Agents, FakeSlurm, run
+from tests.unit.test_controller_cycle import T0, Agents
 
 LOSS = {str(Reason.PREEMPTED_BY_SLURM), str(Reason.NODE_FAILURE)}
-
-
-# FakeSlurm: nodes that fail (see the module docstring).
-class DownSlurm(FakeSlurm):
-    """FakeSlurm whose nodes can be down (its snapshot otherwise derives node states from the jobs)."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        super().__init__(clock)
-        self.node_state: dict[str, tuple[str, tuple[str, ...]]] = {}
-
-    def snapshot(self) -> ClusterSnapshot:
-        snap = super().snapshot()
-        nodes = tuple(replace(n, state=self.node_state[n.name][0], state_flags=self.node_state[n.name][1])
-                      if n.name in self.node_state else n for n in snap.nodes)
-        return replace(snap, nodes=nodes)
+# sacct while slurmdbd can not be reached, recorded from the test cluster (its PROVENANCE.md).
+_NO_DBD_FILE = Path(__file__).resolve().parents[1] / "fixtures/slurm/22.05/recorded/sacct-no-dbd.txt.stderr"
+NO_DBD, _, _NO_DBD_EXIT = _NO_DBD_FILE.read_text().rpartition("exit ")
+NO_DBD_RC = int(_NO_DBD_EXIT)
 
 
 # --- find_losses, table-driven ---------------------------------------------------------------------------------
@@ -155,28 +147,24 @@ def test_loss_decisions_chain_the_node_counts_down_to_the_current_size() -> None
 
 
 # --- through the controller: once, cooldown, no back-off -------------------------------------------------------
-def _world(clock: FakeClock, store: SqlStore | None = None) -> tuple[Controller, DownSlurm, Agents, SqlStore]:
-    store = store or memory_store(clock)
-    slurm, agents = DownSlurm(clock), Agents(clock)
-    ctl = Controller(ControllerConfig(interval_s=2.0, holder="test"), POLICY, slurm=slurm,
-                     store=store, collector=agents, clock=clock)
-    return ctl, slurm, agents, store
+def _losses(store: SqlStore, job_id: int) -> list:  # type: ignore[type-arg]
+    return [d for d in store.decisions.list_decisions(DecisionFilter(job_id=job_id, limit=1000))
+            if d.reason in LOSS]
 
 
-def _grown(clock: FakeClock) -> tuple[Controller, DownSlurm, Agents, SqlStore, int]:
-    ctl, slurm, agents, store = _world(clock)
-    slurm.add_job(10, ["n1"])
-    agents.util[("n1", 10)] = 95.0
-    run(ctl, clock, 8)
-    ext_id = slurm.next_id
-    (node,) = slurm.jobs[ext_id].nodes
-    agents.util[(node, ext_id)] = 95.0
-    assert [c[0] for c in slurm.calls].count("submit") == 1
-    return ctl, slurm, agents, store, ext_id
+def _unit_of(job_id: int) -> ElasticUnit:
+    return replace(_unit(), job=recorded_job(job_id, ("n1",)))
 
 
-def _losses(store: SqlStore) -> list:  # type: ignore[type-arg]
-    return [d for d in store.decisions.list_decisions(DecisionFilter(job_id=10)) if d.reason in LOSS]
+def _last_snapshot(rec: Recording) -> ClusterSnapshot:
+    """The recording's last snapshot (its last squeue and what follows it), parsed by the real adapter (after
+    its first, which finds out how this release lists nodes)."""
+    cli, runner = recorded_cli(rec.name)
+    cli.snapshot()
+    runner.pos = max(i for i, c in enumerate(rec.commands) if command_key(c["argv"])[0] == "squeue")
+    snap = cli.snapshot()
+    runner.check()
+    return snap
 
 
 def test_a_preempted_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed_off() -> None:
@@ -204,130 +192,76 @@ def test_a_preempted_extension_is_recorded_once_starts_the_cooldown_and_is_not_b
 
 
 def test_a_node_failed_extension_is_recorded_once_starts_the_cooldown_and_is_not_backed_off() -> None:
-    """FakeSlurm: a node failure on the shared live cluster (a killed slurmd, ~95 s to NODE_FAIL) is not
-    recorded on demand; tests/cluster/test_slurm_losses_cluster.py has it for real."""
-    end_state, reason = "NODE_FAIL", "NODE_FAILURE"
-    clock = FakeClock(T0)
-    ctl, slurm, agents, store, ext_id = _grown(clock)
-    node = slurm.jobs[ext_id].nodes[0]
-    run(ctl, clock, 12)  # grows to max (3)...
-    for running in slurm.jobs.values():
-        agents.util[(running.nodes[0], running.job_id)] = 95.0
-    run(ctl, clock, 14)  # ...and holds there for longer than the cooldown (20 s)
-    submits = [c[0] for c in slurm.calls].count("submit")
-    assert submits == 2
-    (before,) = store.decisions.last_decisions(10, 1)
-    assert before.reason == "AT_MAX"  # no cooldown left from the grows: any cooldown below is the loss's
-    # Slurm ends every extension (the newest one last).
-    lost = sorted(i for i in slurm.jobs if i != 10 and slurm.jobs[i].state == "RUNNING")
-    for i in lost:
-        slurm.jobs[i] = replace(slurm.jobs[i], state=end_state)
-    if end_state == "NODE_FAIL":
-        slurm.node_state = {slurm.jobs[i].nodes[0]: DOWN for i in lost}
-    loss_at = clock()
-    run(ctl, clock, 1)
-    ctl.reconcile()  # closes the records with Slurm's state
-    run(ctl, clock, 3)
-    ctl2, _, _, _ = _world(clock, store)  # a restarted controller on the same store records nothing again
-    ctl2.slurm = slurm
-    ctl2.reconcile()
-    ctl2.run_cycle()
-    recorded = _losses(store)
-    assert len(recorded) == len(lost) and {d.reason for d in recorded} == {reason}
-    assert sorted(d.inputs["extension_job"] for d in recorded) == lost
-    first = min(recorded, key=lambda d: d.id)
-    assert first.action == "shrink" and first.current_nodes == 1 + len(lost) and first.target_nodes == len(lost)
-    assert first.inputs["slurm_state"] == end_state and first.inputs["lost_nodes"]
-    assert node in {n for d in recorded for n in d.inputs["lost_nodes"]}
-    # Not acted on: nothing cancelled, the controller did not do this.
-    assert not [c for c in slurm.calls if c[0] in {"cancel", "shrink"}]
-    # The loss counts as a resize: cooldown holds (not a grow) for cooldown_s = 20 s after it...
-    later = [d for d in store.decisions.list_decisions(DecisionFilter(job_id=10, since=loss_at))
-             if d.reason not in LOSS]
-    assert later and all(d.action == "hold" and d.reason == "COOLDOWN" for d in later)
-    assert [c[0] for c in slurm.calls].count("submit") == submits
+    """Recorded: the slurmd under the extension dies; Slurm marks the node DOWN (tests/unit/loss_scenarios.py)."""
+    r = replay("extension_node_fail", Agents)
+    busy, ext = r.rec.jobs["busy"], r.rec.jobs["ext"]
+    rec = next(e for e in r.store.jobs.extensions(busy, active_only=False) if e.job_id == ext)
+    assert rec.state == "NODE_FAIL" and rec.ended_at is not None  # closed by reconcile
+    decisions = r.store.decisions.list_decisions(DecisionFilter(job_id=busy, limit=1000))
+    (loss,) = [d for d in decisions if d.reason in LOSS]  # once, through a restarted controller too
+    assert (loss.action, loss.reason, loss.current_nodes, loss.target_nodes) == ("shrink", "NODE_FAILURE", 2, 1)
+    assert loss.inputs["extension_job"] == ext and loss.inputs["lost_nodes"] == [rec.nodelist]
+    # Not acted on: nothing cancelled, no leader update; the grow before and the regrow after
+    assert not [c for c in r.runner.calls if c[0] == "scancel" or c[:2] == ["scontrol", "update"]]
+    assert len(r.runner.ran("runuser")) == 2
+    # The loss counts as a resize: cooldown holds (free nodes since bob's job ended) for cooldown_s = 20 s...
+    after = sorted((d for d in decisions if d.time >= loss.time and d.reason not in LOSS), key=lambda d: d.id)
+    within = [d for d in after if (d.time - loss.time).total_seconds() < 20]
+    assert within and all(d.action == "hold" and d.reason == "COOLDOWN" for d in within)
     # ...and once it is over the unit regrows at once: no back-off on top (a FAILED extension waits 60 s).
-    run(ctl, clock, 8)
-    assert [c[0] for c in slurm.calls].count("submit") > submits
-    grows = store.decisions.list_decisions(DecisionFilter(job_id=10, action="grow", since=loss_at))
-    assert grows and not store.decisions.list_decisions(DecisionFilter(job_id=10, reason="GROW_BACKOFF"))
-    assert (clock() - loss_at).total_seconds() < 60
+    grows = [d for d in after if d.action == "grow"]
+    assert grows and (grows[0].time - loss.time).total_seconds() < 60
+    assert not r.store.decisions.list_decisions(DecisionFilter(job_id=busy, reason="GROW_BACKOFF"))
 
 
-# FakeSlurm: the extension purged from slurmctld (MinJobAge, 120 s) while no controller ran, and sacct failing.
-class AccountingSlurm(DownSlurm):
-    """DownSlurm with an accounting database: the final states of jobs that left squeue (sacct)."""
+class _NoAccounting(ReplayRunner):
+    """The recording, but its sacct reads fail as sacct does while slurmdbd is down (a reply recorded from the
+    test cluster: tests/fixtures/slurm/22.05/recorded/PROVENANCE.md); the command is still checked."""
 
-    def __init__(self, clock: FakeClock) -> None:
-        super().__init__(clock)
-        self.accounting: dict[int, str] = {}
-        self.sacct_error: SlurmError | None = None
-        self.sacct_calls: list[list[int]] = []
-
-    def final_states(self, job_ids: list[int]) -> dict[int, str]:
-        self.sacct_calls.append(list(job_ids))
-        if self.sacct_error is not None:
-            raise self.sacct_error
-        return {i: self.accounting[i] for i in job_ids if i in self.accounting}
+    def __call__(self, argv: Sequence[str], **kw: Any) -> CommandResult:
+        result = super().__call__(argv, **kw)
+        if os.path.basename(argv[0]) == "sacct":
+            return CommandResult(tuple(argv), NO_DBD_RC, "", NO_DBD)
+        return result
 
 
 @pytest.mark.parametrize("sacct_works", [True, False])
 def test_a_loss_while_the_controller_was_away_is_read_from_sacct(sacct_works: bool,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    """The extension was preempted and left squeue (MinJobAge) while no controller ran: the restarted one asks
-    sacct how it ended and records the loss. Without accounting it closes the record as ENDED, says so once,
-    and records nothing it can not know."""
-    clock = FakeClock(T0)
-    ctl, slurm, agents, store, ext_id = _grown(clock)
-    away = AccountingSlurm(clock)
-    away.jobs, away.next_id = slurm.jobs, slurm.next_id
-    nodes = slurm.jobs[ext_id].nodes
-    del away.jobs[ext_id]  # preempted, then purged from slurmctld's memory before anyone looked
-    away.accounting[ext_id] = "PREEMPTED"
-    if not sacct_works:
-        away.sacct_error = SlurmError("sacct: error: Problem talking to the database")
-    clock.advance(300)
-    restarted, _, _, _ = _world(clock, store)
-    restarted.slurm = away
-    restarted.reconcile()
-    restarted.reconcile()
-    restarted.run_cycle()
-    (rec,) = [r for r in store.jobs.extensions(10, active_only=False) if r.job_id == ext_id]
-    assert away.sacct_calls == [[ext_id]]  # asked once, only for the vanished job
+    """Recorded: the extension was preempted and left squeue (MinJobAge) while no controller ran: the restarted
+    one asks sacct how it ended and records the loss. Without accounting it closes the record as ENDED, says so
+    once, and records nothing it can not know."""
+    r = replay("extension_preempted_while_away", Agents, ReplayRunner if sacct_works else _NoAccounting)
+    busy, ext = r.rec.jobs["busy"], r.rec.jobs["ext"]
+    (rec,) = [e for e in r.store.jobs.extensions(busy, active_only=False) if e.job_id == ext]
+    assert r.runner.ran("sacct") == [["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", str(ext)]]  # once
     if sacct_works:
         assert rec.state == "PREEMPTED" and rec.ended_at is not None
-        (loss,) = _losses(store)
+        (loss,) = _losses(r.store, busy)
         assert (loss.reason, loss.inputs["extension_job"], loss.inputs["slurm_state"]) == (
-            "PREEMPTED_BY_SLURM", ext_id, "PREEMPTED")
-        assert loss.inputs["lost_nodes"] == list(nodes) and (loss.current_nodes, loss.target_nodes) == (2, 1)
+            "PREEMPTED_BY_SLURM", ext, "PREEMPTED")
+        assert loss.inputs["lost_nodes"] == [rec.nodelist] and (loss.current_nodes, loss.target_nodes) == (2, 1)
     else:
-        assert rec.state == "ENDED" and rec.ended_at is not None and _losses(store) == []
+        assert rec.state == "ENDED" and rec.ended_at is not None and _losses(r.store, busy) == []
         assert caplog.text.count("sacct unreadable") == 1
 
 
-# FakeSlurm: a node going NOT_RESPONDING, DOWN, then NODE_FAIL (a killed slurmd on the shared cluster).
 def test_node_down_under_a_running_extension_then_node_fail_is_one_loss() -> None:
-    clock = FakeClock(T0)
-    ctl, slurm, agents, store, ext_id = _grown(clock)
-    node = slurm.jobs[ext_id].nodes[0]
-    slurm.node_state = {node: ("MIXED", ("NOT_RESPONDING",))}
-    run(ctl, clock, 3)
-    assert _losses(store) == []  # silent, not yet given up by Slurm (SlurmdTimeout)
-    slurm.node_state = {node: DOWN}
-    run(ctl, clock, 3)
-    slurm.jobs[ext_id] = replace(slurm.jobs[ext_id], state="NODE_FAIL")
-    run(ctl, clock, 2)
-    ctl.reconcile()
-    run(ctl, clock, 2)
-    (loss,) = _losses(store)
-    assert loss.reason == "NODE_FAILURE" and loss.inputs["extension_job"] == ext_id
-    assert loss.inputs["slurm_state"] == "RUNNING" and loss.inputs["node_states"] == {node: "DOWN+NOT_RESPONDING"}
+    """Recorded: three cycles see the extension's node NOT_RESPONDING (not yet a loss), the next sees it DOWN."""
+    r = replay("extension_node_fail", Agents)
+    busy, ext = r.rec.jobs["busy"], r.rec.jobs["ext"]
+    (loss,) = _losses(r.store, busy)
+    assert loss.time == r.rec.clock_start + timedelta(seconds=13 * STEP_S)  # the cycle after the 3 silent ones
+    node = loss.inputs["lost_nodes"][0]
+    assert loss.reason == "NODE_FAILURE" and loss.inputs["extension_job"] == ext
+    assert loss.inputs["node_states"] == {node: "DOWN+NOT_RESPONDING"}
     assert (loss.current_nodes, loss.target_nodes) == (2, 1)
-    history = ctl.losses.history({10: _unit()}, clock())
+    ctl, clock, unit = r.world.ctl, r.world.clock, _unit_of(busy)
+    history = ctl.losses.history({busy: unit}, clock())
     assert [(h.action, h.outcome, h.from_nodes, h.to_nodes, h.reason) for h in history] == [
         (Action.SHRINK, Outcome.APPLIED, 2, 1, "NODE_FAILURE")]
     assert ctl.losses.history({}, clock()) == ()  # only running units
-    assert ctl.losses.history({10: _unit()}, clock() + timedelta(days=2)) == ()
+    assert ctl.losses.history({busy: unit}, clock() + timedelta(days=2)) == ()
 
 
 def test_a_failed_extension_is_still_backed_off_and_is_not_a_loss() -> None:
@@ -369,11 +303,11 @@ def test_a_controller_that_lost_the_lease_records_no_loss_and_the_new_holder_rec
     cycle = store.decisions.begin_cycle(holder="ctl-a")
     with pytest.raises(LeaseLostError):
         LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=old.token())
-    assert _losses(store) == []
+    assert _losses(store, 10) == []
     cycle = store.decisions.begin_cycle(holder="ctl-b")
     assert len(LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=new.token())) == 1
     assert LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=new.token()) == []
-    assert len(_losses(store)) == 1
+    assert len(_losses(store, 10)) == 1
 
 
 # --- the extension QOS ---------------------------------------------------------------------------------------------
@@ -419,52 +353,35 @@ def test_extensions_ended_since_keeps_the_active_and_the_recently_ended() -> Non
     assert [e.job_id for e in store.jobs.extensions(active_only=True, ended_since=T0)] == [13]
 
 
-# FakeSlurm: a dead non-batch node under a --no-kill leader (a killed slurmd on the shared cluster).
 def test_a_leader_that_loses_a_non_batch_node_with_no_kill_is_recorded_once() -> None:
-    """With --no-kill Slurm drops a dead non-batch node from the leader and the job goes on (measured on 22.05);
-    the controller records it as NODE_FAILURE against the leader, once, and the cooldown applies."""
-    clock = FakeClock(T0)
-    ctl, slurm, agents, store = _world(clock)
-    slurm.add_job(10, ["n1", "n2"])
-    agents.util.update({("n1", 10): 60.0, ("n2", 10): 60.0})
-    run(ctl, clock, 3)
-    slurm.jobs[10] = replace(slurm.jobs[10], nodes=("n1",), node_count=1)
-    slurm.node_state["n2"] = ("DOWN", ("NOT_RESPONDING",))
-    agents.util.pop(("n2", 10))
-    run(ctl, clock, 3)
-    (loss,) = _losses(store)
+    """Recorded: with --no-kill Slurm drops a dead non-batch node from the leader and the job goes on; the
+    controller records it as NODE_FAILURE against the leader, once, and the cooldown applies."""
+    r = replay("leader_no_kill_node_fail", Agents)
+    leader, node = r.rec.jobs["leader"], r.rec.nodes["leader"][1]
+    (loss,) = _losses(r.store, leader)  # once, however many cycles see it
     assert (loss.action, loss.reason, loss.current_nodes, loss.target_nodes) == ("shrink", "NODE_FAILURE", 2, 1)
-    assert loss.inputs["lost_nodes"] == ["n2"] and loss.inputs["extension_job"] == 10
-    assert "leader job 10 (--no-kill) lost node(s) n2" in loss.message
-    run(ctl, clock, 20)
-    assert len(_losses(store)) == 1  # once, however many cycles see it
+    assert loss.inputs["lost_nodes"] == [node] and loss.inputs["extension_job"] == leader
+    assert f"leader job {leader} (--no-kill) lost node(s) {node}" in loss.message
+    assert loss.time < r.world.clock() - timedelta(seconds=10 * STEP_S)
 
 
-# FakeSlurm: released nodes that go DOWN later (downing nodes of the shared cluster).
 def test_a_node_the_controller_released_is_not_a_leader_loss() -> None:
-    clock = FakeClock(T0)
-    ctl, slurm, agents, store = _world(clock)
-    slurm.add_job(10, ["n1", "n2", "n3"])
-    agents.util.update({(n, 10): 5.0 for n in ("n1", "n2", "n3")})  # underused: the controller shrinks it
-    run(ctl, clock, 20)
-    assert slurm.jobs[10].node_count < 3
-    for n in ("n2", "n3"):
-        slurm.node_state[n] = ("DOWN", ())  # released nodes that go down later are not the job's loss
-    run(ctl, clock, 5)
-    assert _losses(store) == []
+    """Recorded: the node a shrink released is set DOWN afterwards; it is not the job's loss."""
+    r = replay("released_nodes_down", Agents)
+    idle = r.rec.jobs["idle"]
+    snap = _last_snapshot(r.rec)
+    (job,) = [j for j in snap.jobs if j.job_id == idle]
+    released = sorted(set(r.rec.nodes["idle"]) - set(job.nodes))
+    assert job.node_count == 2 and len(released) == 1
+    assert all(n.state == "DOWN" for n in snap.nodes if n.name in released)
+    assert _losses(r.store, idle) == []
 
 
-# FakeSlurm: a leader gone from squeue (23.02+ at once; on the 22.05 test cluster only after MinJobAge, 120 s).
 def test_a_leader_that_left_squeue_ends_as_sacct_has_it() -> None:
-    """From 23.02 on a finished job is not in squeue --all at all: its record ends with sacct's state."""
-    clock = FakeClock(T0)
-    ctl, slurm, agents, store, ext_id = _grown(clock)
-    away = AccountingSlurm(clock)
-    away.jobs, away.next_id = dict(slurm.jobs), slurm.next_id
-    del away.jobs[10]
-    away.accounting[10] = "TIMEOUT"
-    ctl.slurm = away
-    ctl.run_cycle()
-    rec = store.jobs.get_job(10)
-    assert rec is not None and rec.state == "TIMEOUT"
-    assert [10] in away.sacct_calls
+    """Recorded: the leader was cancelled and purged from squeue (MinJobAge on 22.05; from 23.02 on a finished
+    job is not in squeue --all at all) before the next cycle: its record ends with sacct's state."""
+    r = replay("leader_purged", Agents)
+    leader = r.rec.jobs["leader"]
+    rec = r.store.jobs.get_job(leader)
+    assert rec is not None and rec.state == "CANCELLED"
+    assert [c[-1] for c in r.runner.ran("sacct")] == [str(leader)]
