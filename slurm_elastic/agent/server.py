@@ -16,15 +16,15 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from aiohttp import web
 
 from slurm_elastic.agent.auth import HEADER_SIGNATURE, MetricsAccess, Verifier
 from slurm_elastic.agent.errors import AuthError
-from slurm_elastic.agent.metrics import CONTENT_TYPE, ReportCollector, make_registry, render
+from slurm_elastic.agent.metrics import CONTENT_TYPE, AgentCounters, ReportCollector, make_registry, render
 from slurm_elastic.agent.mig_service import MigService
-from slurm_elastic.agent.payload import NODE_PATH
-from slurm_elastic.agent.sampler import Sampler
+from slurm_elastic.agent.payload import NODE_PATH, NodeReport
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.mig import wire
 from slurm_elastic.mig.apply import MigApplyError
@@ -38,8 +38,24 @@ def _json(status: int, obj: object, headers: dict[str, str] | None = None) -> we
                         headers=headers)
 
 
+class ReportSampler(Protocol):
+    """What the app and its sampling loop use of a sampler; :class:`~slurm_elastic.agent.sampler.Sampler` is one."""
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def interval_s(self) -> float: ...
+
+    def sample_once(self) -> object: ...
+
+    def latest(self) -> tuple[NodeReport | None, bytes | None]: ...
+
+    def snapshot(self) -> tuple[NodeReport | None, AgentCounters]: ...
+
+
 class AgentApp:
-    def __init__(self, sampler: Sampler, verifier: Verifier, *, metrics_access: MetricsAccess | None = None,
+    def __init__(self, sampler: ReportSampler, verifier: Verifier, *, metrics_access: MetricsAccess | None = None,
                  clock: Callable[[], float] = time.time, mig: MigService | None = None) -> None:
         self.sampler = sampler
         self.mig = mig
@@ -156,7 +172,7 @@ class AgentApp:
         return web.Response(status=200 if fresh else 503, text="ok\n" if fresh else "stale\n")
 
 
-async def sample_forever(sampler: Sampler, stop: asyncio.Event) -> None:
+async def sample_forever(sampler: ReportSampler, stop: asyncio.Event) -> None:
     """Samples at a fixed rate (missed ticks are skipped, not bunched up); one failure never stops the loop."""
     loop = asyncio.get_running_loop()
     next_at = loop.time()

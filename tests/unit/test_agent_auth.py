@@ -136,6 +136,9 @@ class StubSampler:
     def __init__(self, r: NodeReport | None) -> None:
         self.r = r
 
+    def sample_once(self) -> None:
+        """The serving loop's tick: the report is fixed."""
+
     def latest(self) -> tuple[NodeReport | None, bytes | None]:
         return self.r, to_json_bytes(self.r) if self.r else None
 
@@ -148,7 +151,7 @@ def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
 
 
 def agent(r: NodeReport | None = None, *, key: bytes = KEY) -> TestServer:
-    app = AgentApp(StubSampler(r or report()), RequestVerifier(key))  # type: ignore[arg-type]
+    app = AgentApp(StubSampler(r or report()), RequestVerifier(key))
     return TestServer(app.build(), host="127.0.0.1")
 
 
@@ -242,7 +245,7 @@ def test_health_and_no_sample_yet() -> None:
         async with aiohttp.ClientSession() as s:
             async with agent() as server, s.get(server.make_url("/healthz")) as resp:
                 assert resp.status == 200
-            app = AgentApp(StubSampler(None), RequestVerifier(KEY))  # type: ignore[arg-type]
+            app = AgentApp(StubSampler(None), RequestVerifier(KEY))
             async with TestServer(app.build(), host="127.0.0.1") as server:
                 async with s.get(server.make_url("/healthz")) as resp:
                     assert resp.status == 503

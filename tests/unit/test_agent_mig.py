@@ -151,7 +151,7 @@ def test_mig_minors_are_reported_for_gres_conf(vgpu: StateFile, tmp_path: Path) 
 
 
 def server(svc: MigService | None) -> TestServer:
-    app = AgentApp(StubSampler(report()), RequestVerifier(KEY), mig=svc)  # type: ignore[arg-type]
+    app = AgentApp(StubSampler(report()), RequestVerifier(KEY), mig=svc)
     return TestServer(app.build(), host="127.0.0.1")
 
 

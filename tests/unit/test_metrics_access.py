@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import BaseTestServer, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_elastic.agent.aggregate import JobHistory
@@ -127,10 +127,10 @@ def test_token_file_checks(tmp_path: Path) -> None:
 
 def agent_app(access: MetricsAccess) -> AgentApp:
     sampler = StubSampler(node_report(JobHistory(60.0), 100.0, running=True))  # GPU 0 runs job 42 of alice, nlp
-    return AgentApp(sampler, RequestVerifier(KEY), metrics_access=access)  # type: ignore[arg-type]
+    return AgentApp(sampler, RequestVerifier(KEY), metrics_access=access)
 
 
-async def get(s: aiohttp.ClientSession, server: TestServer, path: str, token: str | None = None) -> tuple[int, str]:
+async def get(s: aiohttp.ClientSession, server: BaseTestServer, path: str, token: str | None = None) -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     async with s.get(server.make_url(path), headers=headers) as resp:
         return resp.status, await resp.text()

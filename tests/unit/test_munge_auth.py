@@ -17,6 +17,7 @@ from slurm_elastic.agent.auth import HEADER_SIGNATURE, sign_request
 from slurm_elastic.agent.client import AgentClient, client_auth
 from slurm_elastic.agent.config import load_config
 from slurm_elastic.agent.errors import AgentAuthError, AuthError
+from slurm_elastic.agent.metrics import AgentCounters
 from slurm_elastic.agent.munge import Decoded, MungeError
 from slurm_elastic.agent.munge_auth import (
     SCHEME,
@@ -200,11 +201,14 @@ class _BodySampler:
     def __init__(self, body: bytes) -> None:
         self.body = body
 
+    def sample_once(self) -> None:
+        """The body is fixed."""
+
     def latest(self) -> tuple[None, bytes]:
         return None, self.body
 
-    def snapshot(self) -> None:
-        return None
+    def snapshot(self) -> tuple[None, AgentCounters]:
+        return None, AgentCounters()
 
 
 def test_agent_and_client_over_http_with_recorded_credentials() -> None:
@@ -212,7 +216,7 @@ def test_agent_and_client_over_http_with_recorded_credentials() -> None:
     credentialed answer; every hostile variant gets 401 without data."""
     body = base64.b64decode(CASES["node_get_answer"]["body"])
     verify = MungeRequestVerifier(RecordedMunge(), ROOT_UID)
-    app = AgentApp(_BodySampler(body), verify, clock=lambda: at("node_get"))  # type: ignore[arg-type]
+    app = AgentApp(_BodySampler(body), verify, clock=lambda: at("node_get"))
 
     async def main() -> None:
         async with TestServer(app.build(), host="127.0.0.1") as server, aiohttp.ClientSession() as s:
