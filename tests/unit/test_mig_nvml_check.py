@@ -103,8 +103,9 @@ def test_unknown_gpu_uses_nvml_profiles() -> None:
 
 
 def test_profile_without_placements_is_left_out() -> None:
-    placements = {p.profile_id: p.placements() for p in H200.profiles if p.name != "7g.141gb"}
-    model, notes = effective_model(report_of(FakeMigDevice(H200, placements=placements)), H200)  # type: ignore[arg-type]
+    placements = {p.profile_id: p.placements() for p in H200.profiles
+                  if p.name != "7g.141gb" and p.profile_id is not None}
+    model, notes = effective_model(report_of(FakeMigDevice(H200, placements=placements)), H200)
     assert "7g.141gb" not in model.profile_names()
     assert [n.code for n in notes] == [NoteCode.NO_PLACEMENTS_REPORTED]
     assert (model.compute_slices, model.memory_slices) == (7, 8)  # totals fall back to the catalog
