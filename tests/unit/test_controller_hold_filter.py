@@ -19,7 +19,7 @@ from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.hold_filter import UNCHANGED_SINCE, HoldFilter, HoldKey
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.policy import parse_config
+from slurm_elastic.policy import PolicyConfig, parse_config
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import DecisionFilter, NewDecision
@@ -71,6 +71,10 @@ class Steady:
 
     def busy(self, util: float) -> None:
         self.agents.util = {(n, self.job): util for n in self.nodes}
+
+    def another(self, cfg: ControllerConfig, policy: PolicyConfig) -> Controller:
+        """A second controller on the same Slurm, store, agents and clock: a restart, or a new lease holder."""
+        return Controller(cfg, policy, slurm=self.slurm, store=self.store, collector=self.agents, clock=self.clock)
 
     def run(self, cycles: int, ctl: Controller | None = None) -> None:
         for _ in range(cycles):
@@ -169,19 +173,17 @@ def test_grows_and_shrinks_are_always_stored_and_the_next_hold_after_them() -> N
 
 
 def test_a_restart_starts_from_the_stored_holds_and_a_new_lease_holder_too(steady: Steady) -> None:
-    store, job, common = steady.store, steady.job, {"slurm": steady.slurm, "store": steady.store,
-                                                     "collector": steady.agents, "clock": steady.clock}
+    store, job = steady.store, steady.job
     steady.run(8)
     n = len(_rows(store, job))
-    restarted = Controller(_config(), POLICY, **common)  # type: ignore[arg-type]
+    restarted = steady.another(_config(), POLICY)
     steady.run(5, restarted)
     assert len(_rows(store, job)) == n  # the hold before the restart still stands: not written again
     # Another controller, with other thresholds, takes the lease and stores its hold. When the first one gets
     # the lease back it trusts nothing it remembered from its last epoch: the store's last hold differs from
     # what it would write, so it writes it (unchanged from its own point of view).
     _release(store)
-    other = Controller(_config("other"), parse_config(policy_text(UNIT, scale_up_above=70)),
-                       **common)  # type: ignore[arg-type]
+    other = steady.another(_config("other"), parse_config(policy_text(UNIT, scale_up_above=70)))
     steady.run(3, other)
     rows = _rows(store, job)
     assert len(rows) == n + 1 and rows[-1].inputs["scale_up_above"] == 70
