@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 from slurm_elastic.agent.auth import generate_key_file
 from slurm_elastic.controller.extension import parse_tag
@@ -89,6 +90,25 @@ def new_decisions(db: Path, seen: set[int]) -> list[DecisionRecord] | None:
         store.close()
     seen.update(d.id for d in fresh)
     return fresh
+
+
+class JobCanceller(Protocol):
+    """The two Slurm calls that stop the demo's jobs; :class:`SlurmCli` is one."""
+
+    def jobs(self) -> Sequence[Job]: ...
+
+    def cancel(self, job_id: int) -> None: ...
+
+
+def cancel_jobs(slurm: JobCanceller, jobs: Sequence[int]) -> None:
+    """Cancels ``jobs`` and their extension jobs too: the controller, which would cancel those once their leader
+    is gone, stops at the same time. A cancel Slurm refuses is reported and the others still go."""
+    extensions = [j.job_id for j in slurm.jobs() if j.job_id not in jobs and leader_of(j) in jobs]
+    for job in [*jobs, *extensions]:
+        try:
+            slurm.cancel(job)
+        except SlurmError as e:  # already gone, or Slurm refused: the others still get cancelled
+            print(f"demo: cancelling job {job}: {e}", file=sys.stderr)
 
 
 class Demo:
@@ -198,14 +218,7 @@ SLURM_CONF = "{self.env['SLURM_CONF']}"
         return False
 
     def stop(self) -> None:
-        # Extension jobs of the demo's jobs too: the controller, which would cancel them once their leader is
-        # gone, stops at the same time.
-        extensions = [j.job_id for j in self.slurm.jobs() if j.job_id not in self.jobs and leader_of(j) in self.jobs]
-        for job in [*self.jobs, *extensions]:
-            try:
-                self.slurm.cancel(job)
-            except SlurmError as e:  # already gone, or Slurm refused: the others still get cancelled
-                print(f"demo: cancelling job {job}: {e}", file=sys.stderr)
+        cancel_jobs(self.slurm, self.jobs)
         for p in self.procs:
             p.send_signal(signal.SIGTERM)
         for p in self.procs:

@@ -4,7 +4,6 @@ through the Slurm adapter (only slurm/runner.py spawns Slurm commands); the live
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -41,8 +40,8 @@ def test_unit_sizes_add_the_running_extensions_to_their_leader() -> None:
     assert demo.unit_sizes(snap, (7, 8)) == {7: 3, 8: 1}
 
 
-class FakeSlurm:
-    """The two adapter calls ``Demo.stop`` makes; ``refuse`` holds jobs whose cancel Slurm refuses."""
+class CancelLog:
+    """Serves fixed jobs and logs cancels (``demo.JobCanceller``); ``refuse`` holds jobs whose cancel Slurm refuses."""
 
     def __init__(self, jobs: tuple[Job, ...], refuse: set[int]) -> None:
         self._jobs, self.refuse = jobs, refuse
@@ -57,12 +56,9 @@ class FakeSlurm:
             raise SlurmCommandError(["scancel", str(job_id)], 1, "Job/step already completing or completed")
 
 
-def test_stop_cancels_the_demos_jobs_and_their_extensions_through_the_adapter(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    d = demo.Demo(tmp_path, duration=1)
-    fake = FakeSlurm((job(7), job(8), ext(9, 7), ext(10, 8), ext(11, 99), job(12)), refuse={7})
-    d.slurm = fake  # type: ignore[assignment]
-    d.jobs = [7, 8]
-    d.stop()
-    assert fake.cancelled == [7, 8, 9, 10]  # a refused cancel does not stop the others; job 99's extension stays
+def test_stopping_cancels_the_demos_jobs_and_their_extensions_through_the_adapter(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    log = CancelLog((job(7), job(8), ext(9, 7), ext(10, 8), ext(11, 99), job(12)), refuse={7})
+    demo.cancel_jobs(log, [7, 8])
+    assert log.cancelled == [7, 8, 9, 10]  # a refused cancel does not stop the others; job 99's extension stays
     assert "cancelling job 7" in capsys.readouterr().err
