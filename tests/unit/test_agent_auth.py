@@ -6,8 +6,9 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -146,8 +147,8 @@ class StubSampler:
         return self.r, AgentCounters(samples_total=1)
 
 
-def run(coro_fn: Callable[[], Awaitable[None]]) -> None:
-    asyncio.run(coro_fn())  # type: ignore[arg-type]
+def run(coro_fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(coro_fn())
 
 
 def agent(r: NodeReport | None = None, *, key: bytes = KEY) -> TestServer:

@@ -30,7 +30,7 @@ from slurm_elastic.agent.payload import NodeReport, parse_payload_bytes, to_json
 from slurm_elastic.directives import ParseResult, parse_script, spec_from_admin_comment
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.policy import PolicyConfig, parse_config
-from slurm_elastic.sim.loaders import FORMATS, load_workload
+from slurm_elastic.sim.loaders import FORMATS, TraceFormat, load_workload
 from slurm_elastic.sim.workload import Workload
 from slurm_elastic.slurm.openapi import parse_nodes, parse_squeue
 
@@ -237,7 +237,7 @@ TRACE_NOISE = st.lists(st.sampled_from(
     st.binary(max_size=600),
     st.tuples(st.integers(0, 2000), TRACE_NOISE),
     JSON_VALUES.map(lambda v: json.dumps(v).encode())))
-def test_fuzz_trace_loaders(fmt: str, payload: Any) -> None:
+def test_fuzz_trace_loaders(fmt: TraceFormat, payload: Any) -> None:
     _tally(f"trace_{fmt}")
     if isinstance(payload, tuple):  # a real seed with noise spliced in at a position
         seed = TRACE_SEEDS[fmt]
@@ -250,7 +250,7 @@ def test_fuzz_trace_loaders(fmt: str, payload: Any) -> None:
         path = Path(d) / ("trace.tar.gz" if fmt == "itp" else "trace.csv")
         path.write_bytes(data)
         target = f"{path}#cluster01.csv" if fmt == "itp" else str(path)
-        result = typed_or_valid(lambda: load_workload(target, fmt))  # type: ignore[arg-type]
+        result = typed_or_valid(lambda: load_workload(target, fmt))
     assert result is None or isinstance(result, Workload)
 
 
@@ -275,14 +275,14 @@ def test_sinfo_entry_of_the_wrong_shape_is_a_typed_error_or_ignored(entry: dict[
 
 
 @pytest.mark.parametrize("fmt", ["pollux", "philly"])
-def test_trace_that_is_not_utf8_is_a_typed_error(fmt: str, tmp_path: Path) -> None:
+def test_trace_that_is_not_utf8_is_a_typed_error(fmt: TraceFormat, tmp_path: Path) -> None:
     """Regression: a CSV trace with invalid UTF-8 raised UnicodeDecodeError instead of TraceFormatError."""
     from slurm_elastic.sim.errors import TraceFormatError
 
     path = tmp_path / "t.csv"
     path.write_bytes(b"\x80name,time\n")
     with pytest.raises(TraceFormatError, match="not UTF-8"):
-        load_workload(str(path), fmt)  # type: ignore[arg-type]
+        load_workload(str(path), fmt)
 
 
 def test_squeue_time_beyond_year_9999_is_unknown_not_a_crash() -> None:

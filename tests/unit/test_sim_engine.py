@@ -9,22 +9,24 @@ import pytest
 
 from slurm_elastic.sim.cluster import Cluster
 from slurm_elastic.sim.config import SimConfig
-from slurm_elastic.sim.elastic import ResizeRequest, SimClusterState
+from slurm_elastic.sim.elastic import ElasticPolicy, ResizeRequest, SimClusterState
 from slurm_elastic.sim.engine import SimResult, Simulation, UsageInterval
 from slurm_elastic.sim.errors import WorkloadError
 from slurm_elastic.sim.invariants import check_invariants
 from slurm_elastic.sim.metrics import percentile_lower, summarize
 from slurm_elastic.sim.perfmodel.base import JobPerf
 from slurm_elastic.sim.run import compare
+from slurm_elastic.sim.scheduler import SchedulerKind
 from slurm_elastic.sim.workload import JobSpec, Workload
 
 from .simhelpers import LinearPerf, job
 
 
-def _run(config: SimConfig, specs: Sequence[tuple[str, float, int, float]], policy: object = None) -> SimResult:
+def _run(config: SimConfig, specs: Sequence[tuple[str, float, int, float]],
+         policy: ElasticPolicy | None = None) -> SimResult:
     jobs = [job(j, t, g) for j, t, g, _ in specs]
     perf: dict[str, JobPerf] = {j: LinearPerf(runtime=r, gpus=g) for j, _, g, r in specs}
-    result = Simulation(config, jobs, perf, policy=policy).run()  # type: ignore[arg-type]
+    result = Simulation(config, jobs, perf, policy=policy).run()
     assert check_invariants(result, len(jobs)) == []
     return result
 
@@ -45,8 +47,8 @@ _QUEUE = [("J1", 0.0, 2, 600.0), ("J2", 10.0, 4, 600.0), ("J3", 20.0, 2, 300.0),
         ("backfill", {"J1": 60, "J3": 60, "J2": 660, "J4": 1260}),
     ],
 )
-def test_schedulers_start_jobs_at_cycles(scheduler: str, starts: dict[str, float]) -> None:
-    config = SimConfig(1, 4, scheduler=scheduler, start_delay=0.0)  # type: ignore[arg-type]
+def test_schedulers_start_jobs_at_cycles(scheduler: SchedulerKind, starts: dict[str, float]) -> None:
+    config = SimConfig(1, 4, scheduler=scheduler, start_delay=0.0)
     assert _starts(_run(config, _QUEUE)) == starts
 
 

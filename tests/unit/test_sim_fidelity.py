@@ -20,12 +20,13 @@ from slurm_elastic.sim.loaders import load_workload
 from slurm_elastic.sim.metrics import Metrics, summarize
 from slurm_elastic.sim.perfmodel.factory import build_models
 from slurm_elastic.sim.run import simulate_one
+from slurm_elastic.sim.scheduler import SchedulerKind
 from slurm_elastic.sim.traces import traces_dir
 
 
-def _run(scheduler: str) -> Metrics:
+def _run(scheduler: SchedulerKind) -> Metrics:
     workload = load_workload(str(traces_dir() / "pollux" / "workloads" / "workload-6.csv"), "pollux")
-    config = SimConfig(num_nodes=16, gpus_per_node=4, scheduler=scheduler)  # type: ignore[arg-type]
+    config = SimConfig(num_nodes=16, gpus_per_node=4, scheduler=scheduler)
     models = build_models(workload, config.gpus_per_node, random.Random(0))
     return summarize(simulate_one(workload, config, models))
 

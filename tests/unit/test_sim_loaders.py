@@ -11,7 +11,7 @@ import pytest
 
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.sim.errors import TraceFormatError
-from slurm_elastic.sim.loaders import load_workload
+from slurm_elastic.sim.loaders import TraceFormat, load_workload
 from slurm_elastic.sim.traces import TRACES_ENV, traces_dir
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sacct"
@@ -23,9 +23,9 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
     return str(path)
 
 
-def _error(workload: str, fmt: str) -> TraceFormatError:
+def _error(workload: str, fmt: TraceFormat) -> TraceFormatError:
     with pytest.raises(TraceFormatError) as info:
-        load_workload(workload, fmt)  # type: ignore[arg-type]
+        load_workload(workload, fmt)
     assert isinstance(info.value, SlurmElasticError)
     return info.value
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_elastic.sim.scheduler import PendingJob, RunningJob, plan
+from slurm_elastic.sim.scheduler import PendingJob, RunningJob, SchedulerKind, plan
 
 
 def _pending(*sizes: tuple[int, float]) -> list[PendingJob]:
@@ -30,14 +30,14 @@ def _pending(*sizes: tuple[int, float]) -> list[PendingJob]:
     ],
 )
 def test_admission(
-    kind: str,
+    kind: SchedulerKind,
     free: int,
     pending: list[tuple[int, float]],
     running: list[tuple[int, float]],
     expected: list[int],
 ) -> None:
     run = [RunningJob(key=100 + i, gpus=g, expected_end=e) for i, (g, e) in enumerate(running)]
-    assert plan(kind, _pending(*pending), run, free, 0.0) == expected  # type: ignore[arg-type]
+    assert plan(kind, _pending(*pending), run, free, 0.0) == expected
 
 
 def test_easy_treats_overdue_jobs_as_ending_now() -> None:

@@ -10,6 +10,7 @@ from slurm_elastic.store import (
     ActionKind,
     JobObservation,
     NewSample,
+    PauseScope,
     SpecSource,
     SqlStore,
     StoreInputError,
@@ -52,7 +53,7 @@ def test_het_component_is_its_own_unit(store: SqlStore) -> None:
 
 def test_reused_job_id_replaces_the_old_row(store: SqlStore, clock: FakeClock) -> None:
     store.jobs.upsert_job(obs())
-    store.pauses.pause("job", 10, who="root")  # type: ignore[arg-type]
+    store.pauses.pause(PauseScope.JOB, 10, who="root")
     clock.advance(60)
     fresh = store.jobs.upsert_job(obs(submit_time=clock(), user="bob"))
     assert fresh.first_seen == clock() and fresh.user == "bob" and fresh.paused is False
@@ -73,7 +74,7 @@ def test_ended_jobs_leave_the_active_list(store: SqlStore, clock: FakeClock) -> 
 @pytest.mark.parametrize("bad", [dict(min_nodes=3, max_nodes=2), dict(current_nodes=-1), dict(user="")])
 def test_bad_observations_are_refused(store: SqlStore, bad: dict[str, object]) -> None:
     with pytest.raises(StoreInputError):
-        store.jobs.upsert_job(obs(**bad))
+        store.jobs.upsert_job(obs(10, **bad))
 
 
 def test_extension_jobs_link_to_parent_and_action(store: SqlStore, clock: FakeClock) -> None:
