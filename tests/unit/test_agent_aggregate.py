@@ -6,7 +6,7 @@ import pytest
 
 from slurm_elastic.agent.aggregate import JobHistory, JobPoint, aggregate_jobs
 from slurm_elastic.agent.attribution import attribute
-from slurm_elastic.agent.model import DeviceReading, GpuAllocation, JobRef, ProcessReading
+from slurm_elastic.agent.model import DeviceReading, GpuAllocation, JobRef, JobSource, ProcessReading
 
 
 def gpu(index: int, util: float | None = 0.0, procs: tuple[ProcessReading, ...] = (), *,
@@ -29,8 +29,8 @@ def alloc(index: int, job: int, user: str = "alice", account: str = "nlp") -> Gp
     return GpuAllocation(index, job, 1001, user, account)
 
 
-def ref(job: int | None, source: str = "cgroup", **kw: object) -> JobRef:
-    return JobRef(job, source, **kw)  # type: ignore[arg-type]
+def ref(job: int | None, source: JobSource = "cgroup", *, sluid: str | None = None, user: str | None = None) -> JobRef:
+    return JobRef(job, source, sluid=sluid, user=user)
 
 
 def point(job: int, utils: dict[str, float | None], *, allocated: tuple[str, ...] | None = None,
