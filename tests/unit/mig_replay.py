@@ -31,10 +31,10 @@ from slurm_elastic.mig.ports import ClockPort, FilesPort, NodeStatus, WorkflowPo
 from slurm_elastic.mig.steps import MigStepOutcome
 from slurm_elastic.mig.workflow import MigWorkflow
 from slurm_elastic.slurm.adapter import SlurmCli
-from slurm_elastic.slurm.runner import CommandResult, CommandRunner, RetryPolicy, SlurmCommands
+from slurm_elastic.slurm.runner import CommandRunner, RetryPolicy, SlurmCommands
 from slurm_elastic.store import SqlStore
 from tests.unit.mig_workflow_support import Crash, FakeAgent, FakeFiles, crash_at, fake_agent
-from tests.unit.slurm_replay import command_key
+from tests.unit.slurm_replay import CommandReplay, StaleRecordingError
 from tests.unit.storehelpers import FakeClock as StoreClock
 from tests.unit.storehelpers import memory_store
 
@@ -49,7 +49,7 @@ APPLIED, ABORTED = MigStepOutcome.APPLIED, MigStepOutcome.ABORTED
 TARGET = NodeLayout.of({0: Layout.of({"3g.20gb": 2}), 1: Layout.of({"1g.5gb": 7})})
 
 
-class StaleMigRecordingError(AssertionError):
+class StaleMigRecordingError(StaleRecordingError):
     pass
 
 
@@ -189,55 +189,16 @@ class MigRecording:
                    jobs=doc["jobs"], clock=doc["clock"], commands=commands)
 
 
-class MigReplayRunner:
+class MigReplayRunner(CommandReplay["MigRecording"]):
     """A :class:`CommandRunner` (for Slurm's commands and the daemon commands alike) that serves a recording's
     replies in order; any other command fails the test."""
 
-    def __init__(self, rec: MigRecording) -> None:
-        self.rec = rec
-        self.pos = 0
-        self.error: StaleMigRecordingError | None = None
-        self.calls: list[list[str]] = []
+    actor = "the workflow"
+    label = "MIG recording"
+    rerecord = RERECORD
 
-    def __call__(self, argv: Sequence[str], *, timeout: float, input_text: str | None,
-                 env: Mapping[str, str] | None) -> CommandResult:
-        got = command_key(argv)
-        if self.error is None:
-            if self.pos >= len(self.rec.commands):
-                self._stale(f"the workflow ran {got} after the recording's last command")
-            else:
-                want = self.rec.commands[self.pos]
-                if command_key(want["argv"]) != got:
-                    self._stale(f"command {self.pos + 1}: the workflow ran {got} where the recording has "
-                                f"{command_key(want['argv'])}")
-                elif want["stdin"] != input_text:
-                    self._stale(f"command {self.pos + 1} {got}: its stdin differs from the recording's")
-        if self.error is not None:
-            raise self.error  # the workflow journals any error as a step failure: check() raises it again
-        want = self.rec.commands[self.pos]
-        self.pos += 1
-        self.calls.append(got)
-        return CommandResult(tuple(argv), int(want["rc"]), want["stdout"], want["stderr"])
-
-    def _stale(self, what: str) -> None:
-        self.error = StaleMigRecordingError(f"MIG recording {self.rec.name} is stale: {what}; "
-                                            + RERECORD.format(name=self.rec.name))
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def finish(self) -> None:
-        """Every recorded command was asked for (else the workflow now does less than it did)."""
-        self.check()
-        if self.pos != len(self.rec.commands):
-            self._stale(f"the workflow stopped after {self.pos} of {len(self.rec.commands)} commands; the next "
-                        f"recorded one is {command_key(self.rec.commands[self.pos]['argv'])}")
-            self.check()
-
-    def ran(self, program: str, *args: str) -> list[list[str]]:
-        """The served commands of ``program`` whose argv starts with ``args`` after the program name."""
-        return [c for c in self.calls if c[0] == program and c[1:1 + len(args)] == list(args)]
+    def stale_error(self, message: str) -> StaleMigRecordingError:
+        return StaleMigRecordingError(message)
 
 
 class MigReplayClock:

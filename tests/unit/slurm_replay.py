@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.cycle import Controller
@@ -258,10 +258,26 @@ class StaleRecordingError(AssertionError):
     pass
 
 
-class ReplayRunner:
-    """A :class:`CommandRunner` that serves a recording's replies in order; any other command fails the test."""
+class RecordedCommands(Protocol):
+    """What a replay runner reads of a recording: its name and its commands in order."""
 
-    def __init__(self, rec: Recording) -> None:
+    name: str
+    commands: list[dict[str, Any]]
+
+
+RecordingT = TypeVar("RecordingT", bound=RecordedCommands)
+
+
+class CommandReplay(Generic[RecordingT]):
+    """A :class:`CommandRunner` that serves a recording's replies in order; any other command fails the test.
+    Subclasses name who runs the commands and how to re-record: :class:`ReplayRunner` (the controller's) and
+    mig_replay.py's MigReplayRunner (the MIG workflow's)."""
+
+    actor = "the controller"  # who runs the commands, for the stale message
+    label = "recording"
+    rerecord = RERECORD
+
+    def __init__(self, rec: RecordingT) -> None:
         self.rec = rec
         self.pos = 0
         self.error: StaleRecordingError | None = None
@@ -272,41 +288,48 @@ class ReplayRunner:
         got = command_key(argv)
         if self.error is None:
             if self.pos >= len(self.rec.commands):
-                self._stale(f"the controller ran {got} after the recording's last command")
+                self._stale(f"{self.actor} ran {got} after the recording's last command")
             else:
                 want = self.rec.commands[self.pos]
                 if command_key(want["argv"]) != got:
-                    self._stale(f"command {self.pos + 1}: the controller ran {got} where the recording has "
+                    self._stale(f"command {self.pos + 1}: {self.actor} ran {got} where the recording has "
                                 f"{command_key(want['argv'])}")
                 elif want["stdin"] != input_text:
                     self._stale(f"command {self.pos + 1} {got}: its stdin differs from the recording's")
         if self.error is not None:
-            raise self.error  # the controller may catch errors: check() raises it again after each call
+            raise self.error  # the caller may catch errors (the workflow journals them): check() raises it again
         want = self.rec.commands[self.pos]
         self.pos += 1
         self.calls.append(got)
         return CommandResult(tuple(argv), int(want["rc"]), want["stdout"], want["stderr"])
 
+    def stale_error(self, message: str) -> StaleRecordingError:
+        return StaleRecordingError(message)
+
     def _stale(self, what: str) -> None:
-        self.error = StaleRecordingError(f"recording {self.rec.name} is stale: {what}; "
-                                         + RERECORD.format(name=self.rec.name))
+        self.error = self.stale_error(f"{self.label} {self.rec.name} is stale: {what}; "
+                                      + self.rerecord.format(name=self.rec.name))
 
     def check(self) -> None:
         if self.error is not None:
             raise self.error
 
     def finish(self) -> None:
-        """Every recorded command was asked for (else the controller now does less than it did)."""
+        """Every recorded command was asked for (else the caller now does less than it did)."""
         self.check()
         if self.pos != len(self.rec.commands):
             left = command_key(self.rec.commands[self.pos]["argv"])
-            self._stale(f"the controller stopped after {self.pos} of {len(self.rec.commands)} commands; "
+            self._stale(f"{self.actor} stopped after {self.pos} of {len(self.rec.commands)} commands; "
                         f"the next recorded one is {left}")
             self.check()
 
     def ran(self, program: str, *args: str) -> list[list[str]]:
         """The served commands of ``program`` whose argv starts with ``args`` after the program name."""
         return [c for c in self.calls if c[0] == program and c[1:1 + len(args)] == list(args)]
+
+
+class ReplayRunner(CommandReplay[Recording]):
+    """The controller's scenarios' :class:`CommandReplay`."""
 
 
 def build_world(scenario: Scenario, commands: SlurmCommands, clock: FakeClock, agents: UtilAgents,
