@@ -16,8 +16,6 @@ an adapter changed: re-record). The config files are the recorded texts in a dic
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +32,7 @@ from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.runner import CommandRunner, RetryPolicy, SlurmCommands
 from slurm_elastic.store import SqlStore
 from tests.unit.mig_workflow_support import Crash, FakeAgent, FakeFiles, crash_at, fake_agent
-from tests.unit.slurm_replay import CommandReplay, StaleRecordingError
+from tests.unit.slurm_replay import CommandReplay, StaleRecordingError, read_recording, write_recording
 from tests.unit.storehelpers import FakeClock as StoreClock
 from tests.unit.storehelpers import memory_store
 
@@ -161,29 +159,13 @@ class MigRecording:
 
     def save(self, path: Path) -> None:
         """Replies are stored once each (the workflow reads the same sinfo reply many times)."""
-        replies: list[list[Any]] = []
-        index: dict[tuple[int, str, str], int] = {}
-        steps = []
-        for c in self.commands:
-            key = (c["rc"], c["stdout"], c["stderr"])
-            if key not in index:
-                index[key] = len(replies)
-                replies.append(list(key))
-            steps.append({"argv": c["argv"], "stdin": c["stdin"], "reply": index[key]})
-        doc = {"scenario": self.name, "release": self.release, "recorded_at": self.recorded_at,
-               "settings": self.settings, "daemon_commands": self.daemon_commands, "files": self.files,
-               "jobs": self.jobs, "clock": self.clock, "steps": steps, "replies": replies}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_recording(path, {"scenario": self.name, "release": self.release, "recorded_at": self.recorded_at,
+                               "settings": self.settings, "daemon_commands": self.daemon_commands,
+                               "files": self.files, "jobs": self.jobs, "clock": self.clock}, self.commands)
 
     @classmethod
     def load(cls, path: Path) -> MigRecording:
-        doc = json.loads(path.read_text())
-        replies = doc["replies"]
-        commands = [{"argv": s["argv"], "stdin": s["stdin"], "rc": replies[s["reply"]][0],
-                     "stdout": replies[s["reply"]][1], "stderr": replies[s["reply"]][2]} for s in doc["steps"]]
+        doc, commands = read_recording(path)
         return cls(name=doc["scenario"], release=doc["release"], recorded_at=doc["recorded_at"],
                    settings=doc["settings"], daemon_commands=doc["daemon_commands"], files=doc["files"],
                    jobs=doc["jobs"], clock=doc["clock"], commands=commands)

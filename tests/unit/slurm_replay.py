@@ -205,6 +205,33 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
 
 
 # --- the recording file ---------------------------------------------------------------------------------------
+def write_recording(path: Path, header: Mapping[str, Any], commands: Sequence[Mapping[str, Any]]) -> None:
+    """Write a recording atomically: ``header`` plus the commands as steps, each distinct reply (rc, stdout,
+    stderr) stored once (a scenario reads the same reply many times)."""
+    replies: list[list[Any]] = []
+    index: dict[tuple[int, str, str], int] = {}
+    steps = []
+    for c in commands:
+        key = (c["rc"], c["stdout"], c["stderr"])
+        if key not in index:
+            index[key] = len(replies)
+            replies.append(list(key))
+        steps.append({"argv": c["argv"], "stdin": c["stdin"], "reply": index[key]})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**header, "steps": steps, "replies": replies}, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def read_recording(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A recording's document and its commands in order (argv, stdin, rc, stdout, stderr)."""
+    doc = json.loads(path.read_text())
+    replies = doc["replies"]
+    commands = [{"argv": s["argv"], "stdin": s["stdin"], "rc": replies[s["reply"]][0],
+                 "stdout": replies[s["reply"]][1], "stderr": replies[s["reply"]][2]} for s in doc["steps"]]
+    return doc, commands
+
+
 @dataclass
 class Recording:
     """One scenario as recorded: the jobs' ids and nodes, the clock's start, the commands in order."""
@@ -220,29 +247,13 @@ class Recording:
 
     def save(self, path: Path) -> None:
         """Replies are stored once each (a scenario reads the same squeue reply many times)."""
-        replies: list[list[Any]] = []
-        index: dict[tuple[int, str, str], int] = {}
-        steps = []
-        for c in self.commands:
-            key = (c["rc"], c["stdout"], c["stderr"])
-            if key not in index:
-                index[key] = len(replies)
-                replies.append(list(key))
-            steps.append({"argv": c["argv"], "stdin": c["stdin"], "reply": index[key]})
-        doc = {"scenario": self.name, "release": self.release, "recorded_at": self.recorded_at,
-               "clock_start": self.clock_start.isoformat(), "extension_env": self.extension_env,
-               "jobs": self.jobs, "nodes": self.nodes, "steps": steps, "replies": replies}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_recording(path, {"scenario": self.name, "release": self.release, "recorded_at": self.recorded_at,
+                               "clock_start": self.clock_start.isoformat(), "extension_env": self.extension_env,
+                               "jobs": self.jobs, "nodes": self.nodes}, self.commands)
 
     @classmethod
     def load(cls, path: Path) -> Recording:
-        doc = json.loads(path.read_text())
-        replies = doc["replies"]
-        commands = [{"argv": s["argv"], "stdin": s["stdin"], "rc": replies[s["reply"]][0],
-                     "stdout": replies[s["reply"]][1], "stderr": replies[s["reply"]][2]} for s in doc["steps"]]
+        doc, commands = read_recording(path)
         return cls(name=doc["scenario"], release=doc["release"], recorded_at=doc["recorded_at"],
                    clock_start=datetime.fromisoformat(doc["clock_start"]), extension_env=doc["extension_env"],
                    jobs=doc["jobs"], nodes=doc["nodes"], commands=commands)
