@@ -37,8 +37,8 @@ from tests.unit.slurm_replay import (
     StaleRecordingError,
     UtilAgents,
     World,
-    build_world,
     command_key,
+    play,
 )
 from tests.unit.storehelpers import FakeClock
 
@@ -232,13 +232,4 @@ def replay_in(name: str, agents_factory: Callable[[FakeClock], UtilAgents], work
         c["stdout"] = _relocated(c["stdout"], str(working_dir), recorded)
     for c in rec.commands:  # an extension job runs where its leader does
         c["argv"] = [f"--chdir={working_dir}" if a == f"--chdir={recorded}" else a for a in c["argv"]]
-    runner = ReplayRunner(rec)
-    runner_: CommandRunner = runner
-    commands = SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)
-    clock = FakeClock(rec.clock_start)
-    world, store = build_world(SCENARIOS[name], commands, clock, agents_factory(clock), rec.jobs, rec.nodes,
-                               rec.extension_env, wait=lambda _job, _state: None)
-    world.check = runner.check
-    SCENARIOS[name].play(world)
-    runner.finish()
-    return Replayed(world, store, runner, rec)
+    return play(name, rec, ReplayRunner(rec), agents_factory)

@@ -371,16 +371,18 @@ class Replayed:
     rec: Recording
 
 
-def replay(name: str, agents_factory: Callable[[FakeClock], UtilAgents],
-           runner_type: Callable[[Recording], ReplayRunner] = ReplayRunner) -> Replayed:
-    """Play scenario ``name`` on its recording; fails if the controller's commands differ from it. ``runner_type``:
-    a :class:`ReplayRunner` that answers some checked command otherwise (a reply recorded elsewhere)."""
-    scenario = SCENARIOS[name]
+def load_recording(name: str) -> Recording:
+    """Scenario ``name``'s recording; a missing one fails as stale, with how to record it."""
     path = SCENARIO_DIR / f"{name}.json"
     if not path.exists():
         raise StaleRecordingError(f"no recording {path}; " + RERECORD.format(name=name))
-    rec = Recording.load(path)
-    runner = runner_type(rec)
+    return Recording.load(path)
+
+
+def play(name: str, rec: Recording, runner: ReplayRunner,
+         agents_factory: Callable[[FakeClock], UtilAgents]) -> Replayed:
+    """Play scenario ``name`` on ``rec`` served by ``runner``; fails if the controller's commands differ from it."""
+    scenario = SCENARIOS[name]
     runner_: CommandRunner = runner
     commands = SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)
     clock = FakeClock(rec.clock_start)
@@ -390,6 +392,14 @@ def replay(name: str, agents_factory: Callable[[FakeClock], UtilAgents],
     scenario.play(world)
     runner.finish()
     return Replayed(world, store, runner, rec)
+
+
+def replay(name: str, agents_factory: Callable[[FakeClock], UtilAgents],
+           runner_type: Callable[[Recording], ReplayRunner] = ReplayRunner) -> Replayed:
+    """Play scenario ``name`` on its recording; fails if the controller's commands differ from it. ``runner_type``:
+    a :class:`ReplayRunner` that answers some checked command otherwise (a reply recorded elsewhere)."""
+    rec = load_recording(name)
+    return play(name, rec, runner_type(rec), agents_factory)
 
 
 def recorded_cli(name: str) -> tuple[SlurmCli, ReplayRunner]:

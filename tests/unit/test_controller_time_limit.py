@@ -16,20 +16,18 @@ import pytest
 from slurm_elastic.slurm.adapter import ResizeRefusedError, SlurmCli
 from slurm_elastic.slurm.errors import SlurmCommandError
 from slurm_elastic.slurm.model import Job
-from slurm_elastic.slurm.runner import CommandResult, CommandRunner, RetryPolicy, SlurmCommands
+from slurm_elastic.slurm.runner import CommandResult, RetryPolicy, SlurmCommands
 from slurm_elastic.store.records import ActionKind, ActionState
 from tests.unit.resize_scenarios import recorded_job, recorded_snapshot
 from tests.unit.slurm_replay import (
     REPO,
-    SCENARIO_DIR,
-    SCENARIOS,
     Recording,
     Replayed,
     ReplayRunner,
-    build_world,
+    load_recording,
+    play,
     replay,
 )
-from tests.unit.storehelpers import FakeClock
 from tests.unit.test_controller_cycle import Agents
 
 # Slurm's refusal of an update, recorded from the test cluster (tests/fixtures/slurm/22.05/recorded/PROVENANCE.md).
@@ -124,17 +122,8 @@ class _Refusing(ReplayRunner):
 
 def _replay_refusing(name: str, nth: int) -> Replayed:
     """:func:`replay` with :class:`_Refusing` (a failed update changes nothing else the controller asks)."""
-    rec = Recording.load(SCENARIO_DIR / f"{name}.json")
-    runner = _Refusing(rec, nth)
-    runner_: CommandRunner = runner
-    commands = SlurmCommands(env={}, runner=runner_, retry=RetryPolicy(), sleep=lambda _s: None)
-    clock = FakeClock(rec.clock_start)
-    world, store = build_world(SCENARIOS[name], commands, clock, Agents(clock), rec.jobs, rec.nodes,
-                               rec.extension_env, wait=lambda _job, _state: None)
-    world.check = runner.check
-    SCENARIOS[name].play(world)
-    runner.finish()
-    return Replayed(world, store, runner, rec)
+    rec = load_recording(name)
+    return play(name, rec, _Refusing(rec, nth), Agents)
 
 
 def _extension_min(r: Replayed) -> int:
