@@ -191,12 +191,17 @@ class Actuator:
             job_id=d.unit_id, kind=ActionKind.SHRINK, idempotency_key=key, decision_id=decision_id,
             cycle_id=cycle_id, nodes=len(plan.released_nodes), fencing=token, params=params)
         self.fault("shrink:after-intent")
-        self.store.journal.mark_in_progress(action_id, fencing=token)
+        # The job is warned (notice, signal) *before* the action is marked in progress: "in progress" is what
+        # lets another controller carry the shrink out, so it must never be on record for an unwarned job. A
+        # controller that dies, or loses the DB's reply to that mark, between the two leaves either a warned
+        # job's shrink in progress or an intent that finish_shrink aborts (a later cycle warns anew).
         notice_note = ""
         if d.grace_s > 0:  # the notice's id is the action's key: finish_shrink looks for its acknowledgement
             notice_note = self._post_notice(job, d.unit_id, make_notice(
                 "shrink", d.grace_s, now=now.timestamp(), from_nodes=d.current_nodes, to_nodes=d.target_nodes,
                 notice_id=key))
+        outcome = f"nodes go after {d.grace_s}s or at the acknowledgement{notice_note}" if d.grace_s > 0 \
+            else "no grace period"
         if d.signal and d.grace_s > 0:
             try:
                 self.slurm.signal(d.unit_id, d.signal)
@@ -205,9 +210,10 @@ class Actuator:
                 return "job gone"
             except SlurmError as e:  # the shrink still waits out the grace; the failure is on record
                 log.warning("grace signal %s to job %s failed: %s", d.signal, d.unit_id, _msg(e))
-            return f"SIG{d.signal} sent; nodes go after {d.grace_s}s or at the acknowledgement{notice_note}"
-        return f"nodes go after {d.grace_s}s or at the acknowledgement{notice_note}" if d.grace_s > 0 \
-            else "no grace period"
+            outcome = f"SIG{d.signal} sent; {outcome}"
+            self.fault("shrink:after-signal")
+        self.store.journal.mark_in_progress(action_id, fencing=token)
+        return outcome
 
     # --- shrink, phase 2: after the grace period ---------------------------------------------------------------
     def finish_shrink(self, action: ActionRecord, snap: ClusterSnapshot, *, min_nodes: int | None,
@@ -217,10 +223,12 @@ class Actuator:
         p = action.params
         if action.state == ActionState.INTENT and action.attempts == 0 and p.get("signal") \
                 and float(p.get("grace_s") or 0) > 0:
-            # Never in progress: the controller died between the intent and the grace signal, so the job was
-            # never warned. Take no node unwarned; a later cycle decides (and signals) anew (docs/reliability.md).
-            self.store.journal.abort(action.id, "the grace signal was never sent (crash after the intent)")
-            return "aborted: grace signal never sent"
+            # Never in progress: the controller died (or lost the DB) between the intent and the mark that
+            # follows the grace signal, so the job may never have been warned. Take no node unwarned: withdraw
+            # any notice (held workers train on); a later cycle decides (and signals) anew (docs/reliability.md).
+            self._withdraw(snap.job(action.job_id), action)
+            self.store.journal.abort(action.id, "the grace signal may not have been sent (crash after the intent)")
+            return "aborted: grace signal not known to be sent"
         leader = snap.job(action.job_id)
         ack_note = self._shrink_ack(action, leader, now)
         if ack_note is None:

@@ -189,8 +189,8 @@ def start_metrics(cfg: ControllerConfig, metrics: ControllerMetrics | None) -> W
 
 def _fault_hook_from_env() -> FaultHook:
     """Test-only crash injection: SLURM_ELASTIC_TEST_CRASH_AT=<step> makes the process SIGKILL itself at that
-    step (e.g. ``grow:after-intent``, ``grow:after-submit``, ``shrink:after-intent``), so tests can prove that
-    reconcile recovers from a crash between intent and outcome. Unset in production."""
+    step (e.g. ``grow:after-intent``, ``grow:after-submit``, ``shrink:after-intent``, ``shrink:after-signal``),
+    so tests can prove that reconcile recovers from a crash between intent and outcome. Unset in production."""
     target = os.environ.get("SLURM_ELASTIC_TEST_CRASH_AT")
     if not target:
         return lambda step: None

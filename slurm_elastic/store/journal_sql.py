@@ -117,7 +117,8 @@ class SqlJournal:
         return action_id
 
     def mark_in_progress(self, action_id: int, *, fencing: FencingToken | None = None) -> ActionRecord:
-        """intent -> in_progress, just before Slurm is called; counts one attempt."""
+        """intent -> in_progress: the action is under way (Slurm is called next; a shrink's job has been warned
+        already); counts one attempt."""
         return self._move(action_id, ActionState.IN_PROGRESS, "mark action in progress", fencing=fencing,
                           attempt=True)
 

@@ -28,6 +28,7 @@ from typing import cast
 from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.runner import CommandResult, CommandRunner, SlurmCommands
+from slurm_elastic.store.records import ActionKind, ActionRecord, FencingToken
 from tests.unit.slurm_replay import ADMIT_POLICY_TEXT, SCENARIOS, JobSpec, Scenario, World
 from tests.unit.storehelpers import file_store
 from tests.unit.test_store_failures import can_mount_tmpfs
@@ -134,9 +135,9 @@ class Killed(BaseException):
     """Stands for SIGKILL at a fault-hook step (nothing in the controller catches it)."""
 
 
-def _crash_before_signal(w: World) -> None:
+def _crash_before_signal(w: World, at: str = "shrink:after-intent") -> None:
     def crash(step: str) -> None:
-        if step == "shrink:after-intent":
+        if step == at:
             raise Killed(step)
 
     w.ctl.actuator.fault = crash
@@ -146,6 +147,33 @@ def _crash_before_signal(w: World) -> None:
         w.check()
     w.clock.advance(2.0)
     old = w.ctl  # restarted: a new process on the same database, no fault hook
+    w.ctl = Controller(old.cfg, old.policy, slurm=old.slurm, store=old.store, collector=old.collector,
+                       clock=old.clock, metrics=old.metrics)
+    w.cycles(20)
+
+
+def _reply_lost_after_in_progress(w: World) -> None:
+    """The shrink's "in progress" mark reaches the DB, but the controller never hears back (its link to MariaDB
+    is cut right then, tests/cluster/test_controller_ha.py): it acts no more; another controller on the same
+    database carries on."""
+    journal = w.ctl.store.journal
+    mark = journal.mark_in_progress
+
+    def reply_lost(action_id: int, *, fencing: FencingToken | None = None) -> ActionRecord:
+        done = mark(action_id, fencing=fencing)
+        if done.kind == ActionKind.SHRINK:
+            raise Killed("the DB's reply to the in-progress mark")
+        return done
+
+    journal.mark_in_progress = reply_lost  # type: ignore[method-assign]
+    try:
+        w.cycles(12)
+    except Killed:
+        w.check()
+    finally:
+        del journal.mark_in_progress
+    w.clock.advance(2.0)
+    old = w.ctl
     w.ctl = Controller(old.cfg, old.policy, slurm=old.slurm, store=old.store, collector=old.collector,
                        clock=old.clock, metrics=old.metrics)
     w.cycles(20)
@@ -360,6 +388,12 @@ for _s in (
     Scenario("shrink_crash_before_signal", "an idle 3-node job; the controller dies right after journaling the "
              "shrink's intent, before the grace signal; a restarted one carries on",
              (JobSpec("idle", 3, util=5.0),), _crash_before_signal),
+    Scenario("shrink_crash_after_signal", "an idle 3-node job; the controller dies right after the shrink's grace "
+             "signal, before marking it in progress; a restarted one carries on",
+             (JobSpec("idle", 3, util=5.0),), lambda w: _crash_before_signal(w, "shrink:after-signal")),
+    Scenario("shrink_reply_lost_after_in_progress", "an idle 3-node job; the DB takes the shrink's in-progress "
+             "mark but its reply never reaches the controller, which acts no more; another one carries on",
+             (JobSpec("idle", 3, util=5.0),), _reply_lost_after_in_progress),
     Scenario("db_locked", "a busy 1-node job; the controller's SQLite file is locked by another connection for 10 "
              "cycles, then free: the job grows", (JobSpec("busy", 1, util=95.0),), _db_locked),
     Scenario("disk_full", "a busy 1-node job; the controller's SQLite file system is full for 10 cycles, then has "

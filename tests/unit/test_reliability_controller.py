@@ -1,4 +1,4 @@
-"""The real Controller under faults it cannot see coming (docs/reliability.md, rows F4-F5, bugs 5 and 7), on the
+"""The real Controller under faults it cannot see coming (docs/reliability.md, rows F4-F5, bugs 5, 7 and 9), on the
 real SlurmCli replaying Slurm replies recorded from the live test cluster, Slurm's refusals and a node that goes
 down included (tests/unit/reliability_scenarios.py):
 
@@ -156,6 +156,38 @@ def test_shrink_after_a_crash_before_the_grace_signal_never_takes_nodes_unwarned
     first = min((a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK),
                 key=lambda a: a.id)
     assert first.state == ActionState.ABORTED  # the intent the killed controller left
+
+
+def test_shrink_after_a_crash_between_its_signal_and_its_mark_is_warned_again_before_nodes_go() -> None:
+    """Killed after the grace signal but before the in-progress mark: the restarted controller cannot know the
+    job was warned, so it aborts that intent and withdraws its notice, and a later shrink warns the job again."""
+    r = _replay("shrink_crash_after_signal")
+    idle = r.rec.jobs["idle"]
+    shrinks = sorted((a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK),
+                     key=lambda a: a.id)
+    assert shrinks[0].state == ActionState.ABORTED and "may not have been sent" in shrinks[0].message
+    assert shrinks[1].state == ActionState.APPLIED
+    writes = [c[0] for c in r.runner.calls if c[0] == "scancel" or (c[:2] == ["scontrol", "update"] and any(
+        a.startswith("NodeList=") for a in c))]
+    assert writes[:3] == ["scancel", "scancel", "scontrol"]  # signalled by each controller before nodes went
+
+
+# --- bug 9: the DB's reply to a shrink's in-progress mark lost ----------------------------------------------------
+def test_a_shrink_on_record_as_in_progress_was_signalled_even_if_its_controller_never_heard_back() -> None:
+    """Regression (found by test_controller_ha.py's DB cut in CI): the holder marked a shrink in progress and then
+    sent the grace signal; its link to MariaDB was cut right after the mark reached the server, so it waited on the
+    reply and never signalled, and the standby that took over carried out the in-progress shrink: nodes taken from
+    a job that was never warned. Replayed: the controller dies as the mark commits, another one carries on."""
+    r = _replay("shrink_reply_lost_after_in_progress")
+    idle = r.rec.jobs["idle"]
+    first = min((a for a in r.store.journal.list_actions(job_id=idle) if a.kind == ActionKind.SHRINK),
+                key=lambda a: a.id)
+    assert first.state == ActionState.APPLIED  # the second controller carried out the first one's shrink ...
+    writes = [c for c in r.runner.calls if c[0] == "scancel" or (c[:2] == ["scontrol", "update"] and any(
+        a.startswith("NodeList=") for a in c))]
+    kinds = [c[0] for c in writes]
+    assert kinds[:2] == ["scancel", "scontrol"]  # ... once, after the job's one grace signal
+    assert writes[0][1].startswith("--signal=")
 
 
 def test_scheduler_overlap_warnings_are_rate_limited_with_a_count() -> None:
