@@ -40,7 +40,8 @@ from slurm_elastic.store.records import (
 
 class Journal(Protocol):
     """Journal before acting: ``record_intent`` -> ``mark_in_progress`` -> Slurm -> ``mark_applied`` /
-    ``mark_failed``; reconcile settles ``dangling()`` ones with ``mark_applied`` / ``abort``."""
+    ``mark_failed`` (a shrink warns its job between the first two); reconcile settles ``dangling()`` ones with
+    ``mark_applied`` / ``abort``."""
 
     def record_intent(
         self,
