@@ -9,8 +9,9 @@
 #                                         # (docker-slurm/release-cluster.sh; 22.05 is the default)
 #   docker-slurm/cluster.sh start netns   # 22.05 with each node in its own network namespace, next to this one
 #                                         # (docker-slurm/netns-cluster.sh: link cuts, port blocks, loss)
-#   docker-slurm/cluster.sh start lane2   # a second, identical 22.05 instance for scripts/test's second lane of
-#                                         # cluster tests (SLURM_ELASTIC_CLUSTER_LANES=2; needs this one up)
+#   docker-slurm/cluster.sh start lane2   # a second (lane3: third), identical 22.05 instance for scripts/test's
+#                                         # second (third) lane of cluster tests (SLURM_ELASTIC_CLUSTER_LANES;
+#                                         # needs this one up)
 #
 # Parts: munged, MariaDB, slurmdbd, slurmctld and NODES x `slurmd -N nX` (one port each,
 # SlurmdParameters=config_overrides). GPUs are character device nodes this script makes (mknod c 240 N), so
@@ -21,19 +22,21 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-# lane2 (docs/test-cluster.md "Two lanes"): the same cluster (nodes n1..n6, accounts, QOS, partitions) with its own
-# root, ports, cluster name, slurmdbd and database, GPU device major and job ids. It shares this instance's munged
-# (Slurm 22.05 clients only use the standard socket) and MariaDB server, which it never starts or stops. Its nodes
-# have the same names, so their slurmd share the cgroup directories /slurm_nX (Debian's multiple-slurmd prefix,
-# not configurable in 22.05): job ids from FirstJobId=1000000 keep the job cgroups (job_<id>) apart.
+# lane2 and lane3 (docs/test-cluster.md "Lanes"): the same cluster (nodes n1..n6, accounts, QOS, partitions) with
+# its own root, ports, cluster name, slurmdbd and database, GPU device major and job ids. It shares this instance's
+# munged (Slurm 22.05 clients only use the standard socket) and MariaDB server, which it never starts or stops. Its
+# nodes have the same names, so their slurmd share the cgroup directories /slurm_nX (Debian's multiple-slurmd
+# prefix, not configurable in 22.05): job ids from FirstJobId=1000000 (lane3: 2000000) keep the job cgroups
+# (job_<id>) apart.
 LANE=1
-if [ "${2:-}" = lane2 ]; then LANE=2; fi
-if [ "$LANE" = 2 ]; then
-  ROOT=${SLURM_ELASTIC_LANE2_CLUSTER_DIR:-/var/tmp/slurm-elastic-cluster-lane2}
+case "${2:-}" in lane2) LANE=2 ;; lane3) LANE=3 ;; esac
+LANE_DIR_VAR=SLURM_ELASTIC_LANE${LANE}_CLUSTER_DIR
+if [ "$LANE" != 1 ]; then
+  ROOT=${!LANE_DIR_VAR:-/var/tmp/slurm-elastic-cluster-lane$LANE}
 else
   ROOT=${SLURM_ELASTIC_CLUSTER_DIR:-/var/tmp/slurm-elastic-cluster}
 fi
-SHARED_ROOT=$ROOT  # the instance whose munged and MariaDB this one uses (itself, unless lane2)
+SHARED_ROOT=$ROOT  # the instance whose munged and MariaDB this one uses (itself, unless lane2/lane3)
 NODES=${SLURM_ELASTIC_NODES:-4}
 # Power-saved nodes n$((NODES+1)).. in their own hidden partition `cold` (docs/power-saving.md): Slurm powers them
 # up through ResumeProgram when a job lands on them and down again after SuspendTime idle. n1..nNODES stay on.
@@ -52,15 +55,16 @@ DB_USER=slurm
 DB_PASS=slurm-elastic-test
 DB_NAME=slurm_acct_db
 FIRST_JOB_ID=1
-if [ "$LANE" = 2 ]; then
+if [ "$LANE" != 1 ]; then     # lane2 | lane3
   SHARED_ROOT=${SLURM_ELASTIC_CLUSTER_DIR_2205:-/var/tmp/slurm-elastic-cluster}
-  CLUSTER_NAME=elastic2
-  CTLD_PORT=16917
-  DBD_PORT=16919
-  NODE_PORT_BASE=17300        # 17101+ and 17201+ are the release clusters', 17500 the netns cluster's
-  GPU_MAJOR=241               # its own device numbers, so no device cgroup rule of one lane admits the other's
-  DB_NAME=slurm_acct_db_lane2
-  FIRST_JOB_ID=1000000
+  CLUSTER_NAME=elastic$LANE
+  CTLD_PORT=$((16897 + 10 * LANE))              # lane2 16917, lane3 16927
+  DBD_PORT=$((CTLD_PORT + 2))
+  NODE_PORT_BASE=$((17100 + 100 * LANE))        # lane2 17300, lane3 17400; 17101+ and 17201+ are the release
+                                                # clusters', 17500 the netns cluster's
+  GPU_MAJOR=$((239 + LANE))   # its own device numbers (241, 242): no device cgroup rule of one lane admits another's
+  DB_NAME=slurm_acct_db_lane$LANE
+  FIRST_JOB_ID=$((1000000 * (LANE - 1)))
 fi
 HOST=$(hostname -s)
 NODELIST="n[1-$NODES]"
@@ -72,8 +76,8 @@ DAEMON_ROOTDIR=/  # this cluster's daemons: host processes with our SLURM_CONF (
 
 log() { printf 'cluster: %s\n' "$*" >&2; }
 die() { printf 'cluster: error: %s\n' "$*" >&2; exit 1; }
-if [ "$LANE" = 2 ] && [ "$(realpath -m "$ROOT")" = "$(realpath -m "$SHARED_ROOT")" ]; then
-  die "lane2 needs its own directory, not $ROOT (SLURM_ELASTIC_LANE2_CLUSTER_DIR)"
+if [ "$LANE" != 1 ] && [ "$(realpath -m "$ROOT")" = "$(realpath -m "$SHARED_ROOT")" ]; then
+  die "lane$LANE needs its own directory, not $ROOT ($LANE_DIR_VAR)"
 fi
 
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "n$i"; done; }
@@ -302,9 +306,9 @@ EOF
 MUNGE_SOCKET=/run/munge/munge.socket.2
 
 start_munge() {
-  if [ "$LANE" = 2 ]; then
+  if [ "$LANE" != 1 ]; then
     timeout 5 munge -n -S "$MUNGE_SOCKET" >/dev/null 2>&1 ||
-      die "no munged on $MUNGE_SOCKET: lane2 shares the default cluster's; run docker-slurm/cluster.sh start first"
+      die "no munged on $MUNGE_SOCKET: lane$LANE shares the default cluster's; run docker-slurm/cluster.sh start first"
     return 0
   fi
   if daemon_up munged; then return 0; fi
@@ -325,7 +329,7 @@ start_munge() {
 
 mysql_cli() { mariadb --no-defaults --socket="$ROOT/mysql/mysqld.sock" -uroot "$@"; }
 
-start_mysql_lane2() {  # its database in the default cluster's MariaDB server
+start_mysql_lane() {  # lane2/lane3: its database in the default cluster's MariaDB server
   timeout 10 mariadb --no-defaults --socket="$SHARED_ROOT/mysql/mysqld.sock" -uroot <<EOF ||
 CREATE DATABASE IF NOT EXISTS $DB_NAME;
 GRANT ALL ON $DB_NAME.* TO '$DB_USER'@'127.0.0.1';
@@ -335,7 +339,7 @@ EOF
 }
 
 start_mysql() {
-  if [ "$LANE" = 2 ]; then start_mysql_lane2; return 0; fi
+  if [ "$LANE" != 1 ]; then start_mysql_lane; return 0; fi
   if daemon_up mariadbd || daemon_up mysqld; then return 0; fi
   if [ ! -d "$ROOT/mysql/data/mysql" ]; then
     log "initialising MariaDB data dir"
@@ -480,8 +484,9 @@ cmd_stop() {
     done
   fi
   # Every one of this cluster's, not only those its pid files name: a pid file can be stale (docs/slurm-facts.md).
-  # lane2's munged and MariaDB are the default cluster's (and run with its SLURM_CONF): never stopped from here.
-  if [ "$LANE" = 2 ]; then stop_all slurmd slurmctld slurmscriptd slurmdbd || die "could not stop every daemon"
+  # lane2's and lane3's munged and MariaDB are the default cluster's (and run with its SLURM_CONF): never stopped
+  # from here.
+  if [ "$LANE" != 1 ]; then stop_all slurmd slurmctld slurmscriptd slurmdbd || die "could not stop every daemon"
   else stop_all slurmd slurmctld slurmscriptd slurmdbd mariadbd mysqld munged || die "could not stop every daemon"; fi
   rm -f "$ROOT"/run/*.pid
 }
@@ -494,7 +499,7 @@ cmd_status() {
     if [ -n "$pids" ]; then printf '%-12s up    pid %s\n' "$1" "$pids"
     else printf '%-12s DOWN\n' "$1"; rc=1; fi
   }
-  # munged and MariaDB: the instance's that runs them (lane2 uses the default cluster's; daemon-lib.sh finds a
+  # munged and MariaDB: the instance's that runs them (lane2/lane3 use the default cluster's; daemon-lib.sh finds a
   # daemon by the SLURM_CONF it was started with)
   SLURM_CONF="$SHARED_ROOT/etc/slurm.conf" report munged munged
   if SLURM_CONF="$SHARED_ROOT/etc/slurm.conf" daemon_up mariadbd; then SLURM_CONF="$SHARED_ROOT/etc/slurm.conf" report mariadb mariadbd
@@ -516,10 +521,10 @@ cmd_status() {
 
 # A later Slurm release (24.11, 26.05) runs from its own Debian root filesystem, next to this cluster.
 case "${2:-22.05}" in
-  22.05|lane2) ;;
+  22.05|lane2|lane3) ;;
   24.11|26.05) exec "$HERE/release-cluster.sh" "$2" "$1" ;;
   netns) exec "$HERE/netns-cluster.sh" "$1" ;;  # nodes in their own network namespaces (22.05)
-  *) echo "usage: $0 start|stop|restart|status|env [22.05|24.11|26.05|netns|lane2]" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|restart|status|env [22.05|24.11|26.05|netns|lane2|lane3]" >&2; exit 2 ;;
 esac
 
 case "${1:-}" in
@@ -528,5 +533,5 @@ case "${1:-}" in
   restart) cmd_stop; cmd_start ;;
   status) cmd_status ;;
   env) cat "$ROOT/env.sh" ;;
-  *) echo "usage: $0 start|stop|restart|status|env [22.05|24.11|26.05|netns|lane2]" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|restart|status|env [22.05|24.11|26.05|netns|lane2|lane3]" >&2; exit 2 ;;
 esac

@@ -21,20 +21,21 @@ CLUSTER_SH = REPO / "docker-slurm" / "cluster.sh"
 # Which cluster: 22.05 (default) or a release cluster (24.11, 26.05), whose env.sh sets both of these and puts
 # its chrooted client commands first in PATH.
 RELEASE = os.environ.get("SLURM_ELASTIC_RELEASE", "22.05")
-# Which 22.05 instance: lane 1 (the default cluster) or lane 2 (`cluster.sh start lane2`, the second lane of
-# scripts/test with SLURM_ELASTIC_CLUSTER_LANES=2), which has its own directory, ports and job ids.
+# Which 22.05 instance: lane 1 (the default cluster), or lane 2 or 3 (`cluster.sh start lane2|lane3`, the other
+# lanes of scripts/test, SLURM_ELASTIC_CLUSTER_LANES), which have their own directory, ports and job ids.
 LANE = os.environ.get("SLURM_ELASTIC_CLUSTER_LANE", "1")
-if LANE not in ("1", "2") or (LANE == "2" and RELEASE != "22.05"):
-    raise RuntimeError(f"SLURM_ELASTIC_CLUSTER_LANE={LANE!r}: 1, or 2 for the second 22.05 instance")
+if LANE not in ("1", "2", "3") or (LANE != "1" and RELEASE != "22.05"):
+    raise RuntimeError(f"SLURM_ELASTIC_CLUSTER_LANE={LANE!r}: 1, or 2 or 3 for another 22.05 instance")
 # Agents the tests start listen on AGENT_PORT_BASE + node number (and /metrics on AGENT_PORT_BASE + 300 + node
-# number): its own range per release and lane, so their tests never collide with the 22.05 cluster's.
-AGENT_PORT_BASE = 18000 + ({"24.11": 1000, "26.05": 2000}.get(RELEASE, 0) if LANE == "1" else 3000)
+# number): its own range per release and lane (lane 2: 21000, lane 3: 22000), so their tests never collide.
+AGENT_PORT_BASE = 18000 + ({"24.11": 1000, "26.05": 2000}.get(RELEASE, 0) if LANE == "1" else 1000 * (int(LANE) + 1))
 # cluster.sh's second argument, and the variable that names its directory
-CLUSTER_ARG = "lane2" if LANE == "2" else RELEASE
-CLUSTER_DIR_VAR = "SLURM_ELASTIC_LANE2_CLUSTER_DIR" if LANE == "2" else "SLURM_ELASTIC_CLUSTER_DIR"
+CLUSTER_ARG = RELEASE if LANE == "1" else f"lane{LANE}"
+CLUSTER_DIR_VAR = "SLURM_ELASTIC_CLUSTER_DIR" if LANE == "1" else f"SLURM_ELASTIC_LANE{LANE}_CLUSTER_DIR"
 DEFAULT_ROOT = Path(os.environ.get(
     CLUSTER_DIR_VAR,
-    "/var/tmp/slurm-elastic-cluster" + ("-lane2" if LANE == "2" else "" if RELEASE == "22.05" else f"-{RELEASE}")))
+    "/var/tmp/slurm-elastic-cluster" + ("" if RELEASE == "22.05" else f"-{RELEASE}") if LANE == "1"
+    else f"/var/tmp/slurm-elastic-cluster-lane{LANE}"))
 
 
 @dataclass

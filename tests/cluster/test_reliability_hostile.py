@@ -43,7 +43,6 @@ from tests.unit.directives_vectors import script_of
 
 pytestmark = pytest.mark.cluster
 
-RUN = Path("/var/tmp/slurm-elastic-cluster/run")
 
 
 def slurmctld_pid(cluster: TestCluster) -> int:
