@@ -3,11 +3,11 @@
 # lane2|lane3`. Lane 1 runs every file not named here, so a new file lands on the default instance. With
 # SLURM_ELASTIC_CLUSTER_LANES=2, lane 3's files join lane 2; with 1, every file runs in lane 1.
 #
-# Balanced by file by the durations of the two-lane CI runs of 2026-12-02 (lane 1 1,327 s, lane 2 1,295 s; files
-# outside their 25 slowest counted at ~6 s a test): lane 1 ~825 s (controller_e2e 274, resize_templates 239,
-# controller_ha 125, then small files), lane 2 ~830 s (slurm_losses 494, reliability_faults 233, then small files),
-# lane 3 ~780 s (power_saving 190, serving 128, policy_rules 123, fair_share 83, time_limit 75, goodput 62,
-# reliability_hostile ~47).
+# Balanced by file by the durations of the first three-lane CI run (2026-12-02 05:31, 1,189 s in all): lane 1
+# 840 s (controller_e2e, resize_templates, controller_ha, then small files), lane 2 1,023 s (slurm_losses 488,
+# reliability_faults 240, operating_cli ~92 with its 17-s setups, then small files), lane 3 714 s (power_saving
+# 170, serving 127, policy_rules 92, fair_share 87, time_limit 75, goodput 62, reliability_hostile ~40); then
+# operating_cli, controller_failover and moldable_start (~140 s) moved from lane 2 to lane 3.
 #
 # Lane 1 must keep: test_store_mariadb.py and test_controller_ha.py (the database slurm_elastic in the default
 # instance's MariaDB on 13306), test_mig_cluster.py (rewrites that instance's slurm.conf/gres.conf and restarts its
@@ -17,15 +17,15 @@
 # start a Prometheus on a fixed port of their own. No file depends on another's order.
 lane2_files=(
   tests/cluster/test_slurm_losses_cluster.py tests/cluster/test_reliability_faults.py tests/cluster/test_agent_cluster.py
-  tests/cluster/test_slurm_adapter.py tests/cluster/test_operating_cli.py tests/cluster/test_controller_failover.py
-  tests/cluster/test_extension_cluster.py tests/cluster/test_moldable_start_cluster.py tests/cluster/test_mps_cluster.py
+  tests/cluster/test_slurm_adapter.py tests/cluster/test_extension_cluster.py tests/cluster/test_mps_cluster.py
   tests/cluster/test_prometheus_source_cluster.py tests/cluster/test_sim_sacct_live.py
 )
 lane3_files=(
   tests/cluster/test_power_saving_cluster.py tests/cluster/test_serving_cluster.py
   tests/cluster/test_policy_rules_cluster.py tests/cluster/test_fair_share_cluster.py
   tests/cluster/test_time_limit_cluster.py tests/cluster/test_goodput_cluster.py
-  tests/cluster/test_reliability_hostile.py
+  tests/cluster/test_reliability_hostile.py tests/cluster/test_operating_cli.py
+  tests/cluster/test_controller_failover.py tests/cluster/test_moldable_start_cluster.py
 )
 
 file_lane() {  # FILE LANES: the lane (1..LANES) that runs FILE
