@@ -446,15 +446,6 @@ resume_nodes() {
   done
 }
 
-# `flock LOCK cluster.sh start` hands its lock fd to this script: daemons started from here (munged, MariaDB,
-# slurmdbd keep inherited fds) would hold the lock for as long as they run (measured: every later flock waited).
-close_inherited_fds() {
-  local fd
-  for fd in $(ls /proc/$$/fd); do
-    if ((fd > 2 && fd != 255)); then eval "exec $fd>&-" 2>/dev/null || true; fi
-  done
-}
-
 cmd_start() {
   close_inherited_fds
   require_packages
@@ -492,13 +483,8 @@ cmd_stop() {
 }
 
 cmd_status() {
-  local rc=0 n
-  local pids
-  report() {  # label name [node]
-    pids=$(daemon_pids "$2" "${3:-}" | xargs)
-    if [ -n "$pids" ]; then printf '%-12s up    pid %s\n' "$1" "$pids"
-    else printf '%-12s DOWN\n' "$1"; rc=1; fi
-  }
+  local rc=0 n pids
+  report() { report_daemon "$@" || rc=1; }  # label name [node]
   # munged and MariaDB: the instance's that runs them (lane2/lane3 use the default cluster's; daemon-lib.sh finds a
   # daemon by the SLURM_CONF it was started with)
   SLURM_CONF="$SHARED_ROOT/etc/slurm.conf" report munged munged

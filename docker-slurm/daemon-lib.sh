@@ -92,3 +92,20 @@ stop_all() {
   local name
   for name in "$@"; do stop_daemons "$name" || return 1; done
 }
+
+# report_daemon LABEL NAME [NODE]: one status line, "LABEL up pid ..." or "LABEL DOWN" (then status 1)
+report_daemon() {
+  local pids
+  pids=$(daemon_pids "$2" "${3:-}" | xargs)
+  if [ -n "$pids" ]; then printf '%-12s up    pid %s\n' "$1" "$pids"; else printf '%-12s DOWN\n' "$1"; return 1; fi
+}
+
+# close_inherited_fds: `flock LOCK <script> start` hands its lock fd to the script, and daemons started from it
+# (munged, MariaDB, slurmdbd keep inherited fds) would hold the lock for as long as they run (measured: every later
+# flock waited). Call it first in a start.
+close_inherited_fds() {
+  local fd
+  for fd in $(ls /proc/$$/fd); do
+    if ((fd > 2 && fd != 255)); then eval "exec $fd>&-" 2>/dev/null || true; fi
+  done
+}

@@ -259,15 +259,6 @@ nodes_ready() {
     ! awk '$2 ~ /down|unk|not_responding|inval|fail|drain/' <<< "$out" | grep -q .
 }
 
-# `flock LOCK netns-cluster.sh start` hands its lock fd to this script: slurmdbd keeps inherited fds and would hold
-# the lock for as long as it runs (as measured for cluster.sh).
-close_inherited_fds() {
-  local fd
-  for fd in $(ls /proc/$$/fd); do
-    if ((fd > 2 && fd != 255)); then eval "exec $fd>&-" 2>/dev/null || true; fi
-  done
-}
-
 cmd_start() {
   local t0=$SECONDS
   close_inherited_fds
@@ -294,10 +285,7 @@ cmd_stop() {
 
 cmd_status() {
   local rc=0 n
-  report() {  # label name [node]
-    local pids; pids=$(daemon_pids "$2" "${3:-}" | xargs)
-    if [ -n "$pids" ]; then printf '%-12s up    pid %s\n' "$1" "$pids"; else printf '%-12s DOWN\n' "$1"; rc=1; fi
-  }
+  report() { report_daemon "$@" || rc=1; }  # label name [node]
   report slurmdbd slurmdbd
   report slurmctld slurmctld
   for n in $(node_names); do report "slurmd $n" slurmd "$n"; done

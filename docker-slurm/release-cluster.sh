@@ -381,10 +381,7 @@ cmd_stop() {
 
 cmd_status() {
   local rc=0 n
-  report() {  # label name [node]
-    local pids; pids=$(daemon_pids "$2" "${3:-}" | xargs)
-    if [ -n "$pids" ]; then printf '%-12s up    pid %s\n' "$1" "$pids"; else printf '%-12s DOWN\n' "$1"; rc=1; fi
-  }
+  report() { report_daemon "$@" || rc=1; }  # label name [node]
   report munged munged
   report mariadb mariadbd
   report slurmdbd slurmdbd

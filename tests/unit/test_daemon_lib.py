@@ -167,3 +167,29 @@ def test_one_that_ignores_sigterm_is_killed_after_the_bound(stand_ins: StandIns)
     assert out.returncode == 0, out.stderr
     assert "did not stop within 1s of SIGTERM: SIGKILL" in out.stderr
     assert not alive(stubborn)
+
+
+def test_report_says_up_with_the_pids_or_down_with_a_failing_status(stand_ins: StandIns) -> None:
+    pid = stand_ins.start("fakeslurmd", SLEEP, None, "-N", "n1")
+    stand_ins.start("fakeslurmd", SLEEP, stand_ins.other_conf, "-N", "n2")  # another cluster's n2
+    up = stand_ins.lib('report_daemon "slurmd n1" fakeslurmd n1')
+    down = stand_ins.lib('report_daemon "slurmd n2" fakeslurmd n2')
+    assert (up.returncode, up.stdout) == (0, f"{'slurmd n1':<12} up    pid {pid}\n")
+    assert (down.returncode, down.stdout) == (1, f"{'slurmd n2':<12} DOWN\n")
+
+
+@pytest.mark.parametrize("close", [True, False])
+def test_close_inherited_fds_lets_go_of_a_lock_the_caller_handed_down(tmp_path: Path, close: bool) -> None:
+    """`flock LOCK cluster.sh start`: the script closes the lock's fd before it starts a daemon that outlives it
+    (without that, the daemon holds the lock: the check's other half)."""
+    lock = tmp_path / "lock"
+    first = "close_inherited_fds" if close else ":"
+    script = f'set -euo pipefail\n. "{LIB}"\n{first}\nsleep 30 >/dev/null 2>&1 &\necho "$!"'
+    starter = subprocess.run(["flock", str(lock), "bash", "-c", script], capture_output=True, text=True,
+                             timeout=30, check=True)
+    daemon = int(starter.stdout.split()[-1])
+    try:
+        free = subprocess.run(["flock", "-n", str(lock), "true"], timeout=30, check=False).returncode == 0
+    finally:
+        os.kill(daemon, signal.SIGKILL)
+    assert free is close
