@@ -1,7 +1,8 @@
 # Which lane runs each 22.05 cluster test file (sourced by scripts/test and tests/unit/test_cluster_lanes.py).
 # Each lane has its own 22.05 instance: lane 1 the default cluster, lanes 2 and 3 `docker-slurm/cluster.sh start
 # lane2|lane3`. Lane 1 runs every file not named here, so a new file lands on the default instance. With
-# SLURM_ELASTIC_CLUSTER_LANES=2, lane 3's files join lane 2; with 1, every file runs in lane 1.
+# SLURM_ELASTIC_CLUSTER_LANES=2 (the default) lane 3's files go back to the lanes they ran in before lane 3
+# existed: those in lane3_two_lanes to lane 2, the others to lane 1; with 1, every file runs in lane 1.
 #
 # Balanced by file by the durations of the first three-lane CI run (2026-12-02 05:31, 1,189 s in all): lane 1
 # 840 s (controller_e2e, resize_templates, controller_ha, then small files), lane 2 1,023 s (slurm_losses 488,
@@ -27,11 +28,20 @@ lane3_files=(
   tests/cluster/test_reliability_hostile.py tests/cluster/test_operating_cli.py
   tests/cluster/test_controller_failover.py tests/cluster/test_moldable_start_cluster.py
 )
+# With two lanes: lane 2 ~1,290 s, lane 1 ~1,280 s (the two-lane CI runs of 2026-12-02).
+lane3_two_lanes=(
+  tests/cluster/test_power_saving_cluster.py tests/cluster/test_fair_share_cluster.py
+  tests/cluster/test_operating_cli.py tests/cluster/test_controller_failover.py
+  tests/cluster/test_moldable_start_cluster.py
+)
 
 file_lane() {  # FILE LANES: the lane (1..LANES) that runs FILE
   local lane=1
   if [[ " ${lane2_files[*]} " == *" $1 "* ]]; then lane=2
-  elif [[ " ${lane3_files[*]} " == *" $1 "* ]]; then lane=3; fi
+  elif [[ " ${lane3_files[*]} " == *" $1 "* ]]; then
+    if [ "$2" -ge 3 ]; then lane=3
+    elif [[ " ${lane3_two_lanes[*]} " == *" $1 "* ]]; then lane=2; fi
+  fi
   echo $((lane < $2 ? lane : $2))
 }
 
