@@ -8,7 +8,7 @@
 # 840 s (controller_e2e, resize_templates, controller_ha, then small files), lane 2 1,023 s (slurm_losses 488,
 # reliability_faults 240, operating_cli ~92 with its 17-s setups, then small files), lane 3 714 s (power_saving
 # 170, serving 127, policy_rules 92, fair_share 87, time_limit 75, goodput 62, reliability_hostile ~40); then
-# operating_cli, controller_failover and moldable_start (~140 s) moved from lane 2 to lane 3.
+# operating_cli, controller_failover and moldable_start (~140 s) moved from lane 2 to lane 3: 867 / 888 / 879 s.
 #
 # Lane 1 must keep: test_store_mariadb.py and test_controller_ha.py (the database slurm_elastic in the default
 # instance's MariaDB on 13306), test_mig_cluster.py (rewrites that instance's slurm.conf/gres.conf and restarts its
