@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,13 +138,21 @@ class TestCluster:
             self.run(["scancel", *map(str, job_ids)])
 
     def wait_nodes_idle(self, timeout: float = 120) -> None:
+        """Until the always-on nodes are idle. A node Slurm drained for "Kill task failed" (a step's processes
+        outlived UnkillableStepTimeout on this loaded host; its slurmstepd has given up by the time the node is
+        drained, not draining) is resumed, as an admin would once nothing of the step is left, with a warning:
+        otherwise every later test of the session would wait here on that one node."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             # the always-on nodes: the power-saved ones (partition cold) are idle~ while off (power-saving.md)
-            cp = self.run(["sinfo", "-h", "-N", "-n", ",".join(self.nodes), "-o", "%N %T"])
-            states = {line.split()[0]: line.split()[1] for line in cp.stdout.splitlines() if line.strip()}
-            if states and all(s == "idle" for s in states.values()):
+            cp = self.run(["sinfo", "-h", "-N", "-n", ",".join(self.nodes), "-o", "%N %T %E"])
+            rows = {r[0]: r[1:] for r in (line.split(maxsplit=2) for line in cp.stdout.splitlines() if line.strip())}
+            if rows and all(r[0] == "idle" for r in rows.values()):
                 return
+            for node, (state, *reason) in rows.items():
+                if state == "drained" and reason == ["Kill task failed"]:
+                    warnings.warn(f"{node} was drained for 'Kill task failed': resumed", stacklevel=2)
+                    self.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
             time.sleep(0.5)
         raise TimeoutError(f"nodes not idle after {timeout}s: {cp.stdout.strip()}")
 
