@@ -221,15 +221,15 @@ class Actuator:
         """Carry out a shrink whose grace period is over. None while the grace period still runs."""
         token, now = ctx.token, ctx.now
         p = action.params
+        leader = snap.job(action.job_id)
         if action.state == ActionState.INTENT and action.attempts == 0 and p.get("signal") \
                 and float(p.get("grace_s") or 0) > 0:
             # Never in progress: the controller died (or lost the DB) between the intent and the mark that
             # follows the grace signal, so the job may never have been warned. Take no node unwarned: withdraw
             # any notice (held workers train on); a later cycle decides (and signals) anew (docs/reliability.md).
-            self._withdraw(snap.job(action.job_id), action)
+            self._withdraw(leader, action)
             self.store.journal.abort(action.id, "the grace signal may not have been sent (crash after the intent)")
             return "aborted: grace signal not known to be sent"
-        leader = snap.job(action.job_id)
         ack_note = self._shrink_ack(action, leader, now)
         if ack_note is None:
             return None

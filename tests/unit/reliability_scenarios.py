@@ -135,21 +135,32 @@ class Killed(BaseException):
     """Stands for SIGKILL at a fault-hook step (nothing in the controller catches it)."""
 
 
-def _crash_before_signal(w: World, at: str = "shrink:after-intent") -> None:
+def _until_killed(w: World) -> None:
+    """Up to 12 cycles, until a Killed ends the controller."""
+    try:
+        w.cycles(12)
+    except Killed:
+        w.check()
+
+
+def _restarted(w: World) -> None:
+    """The controller is restarted (a new process on the same database, no fault hook) and runs 20 cycles."""
+    w.clock.advance(2.0)
+    old = w.ctl
+    w.ctl = Controller(old.cfg, old.policy, slurm=old.slurm, store=old.store, collector=old.collector,
+                       clock=old.clock, metrics=old.metrics)
+    w.cycles(20)
+
+
+def _crash_at(w: World, at: str) -> None:
+    """The controller is killed at the fault-hook step ``at``."""
     def crash(step: str) -> None:
         if step == at:
             raise Killed(step)
 
     w.ctl.actuator.fault = crash
-    try:
-        w.cycles(12)
-    except Killed:
-        w.check()
-    w.clock.advance(2.0)
-    old = w.ctl  # restarted: a new process on the same database, no fault hook
-    w.ctl = Controller(old.cfg, old.policy, slurm=old.slurm, store=old.store, collector=old.collector,
-                       clock=old.clock, metrics=old.metrics)
-    w.cycles(20)
+    _until_killed(w)
+    _restarted(w)
 
 
 def _reply_lost_after_in_progress(w: World) -> None:
@@ -167,16 +178,10 @@ def _reply_lost_after_in_progress(w: World) -> None:
 
     journal.mark_in_progress = reply_lost  # type: ignore[method-assign]
     try:
-        w.cycles(12)
-    except Killed:
-        w.check()
+        _until_killed(w)
     finally:
         del journal.mark_in_progress
-    w.clock.advance(2.0)
-    old = w.ctl
-    w.ctl = Controller(old.cfg, old.policy, slurm=old.slurm, store=old.store, collector=old.collector,
-                       clock=old.clock, metrics=old.metrics)
-    w.cycles(20)
+    _restarted(w)
 
 
 DB_DIRS: list[Path] = []  # the file databases' directories of db_locked and disk_full (release_db_dirs)
@@ -387,10 +392,10 @@ for _s in (
                                                          "NodeList=n1")))),
     Scenario("shrink_crash_before_signal", "an idle 3-node job; the controller dies right after journaling the "
              "shrink's intent, before the grace signal; a restarted one carries on",
-             (JobSpec("idle", 3, util=5.0),), _crash_before_signal),
+             (JobSpec("idle", 3, util=5.0),), lambda w: _crash_at(w, "shrink:after-intent")),
     Scenario("shrink_crash_after_signal", "an idle 3-node job; the controller dies right after the shrink's grace "
              "signal, before marking it in progress; a restarted one carries on",
-             (JobSpec("idle", 3, util=5.0),), lambda w: _crash_before_signal(w, "shrink:after-signal")),
+             (JobSpec("idle", 3, util=5.0),), lambda w: _crash_at(w, "shrink:after-signal")),
     Scenario("shrink_reply_lost_after_in_progress", "an idle 3-node job; the DB takes the shrink's in-progress "
              "mark but its reply never reaches the controller, which acts no more; another one carries on",
              (JobSpec("idle", 3, util=5.0),), _reply_lost_after_in_progress),
