@@ -327,14 +327,7 @@ class Controller:
         """Store what the cycle saw; ``known`` are the active records read before (what is not live has
         ended; jobs first stored now are running, so they are never among those)."""
         # One transaction, by change: a cycle in which no unit changed writes no row (store/jobs_sql.py).
-        self.store.jobs.observe_jobs([JobObservation(
-            job_id=j.job_id, user=j.user, partition=j.partition, state=j.state, current_nodes=u.current_nodes,
-            min_nodes=u.min_nodes, max_nodes=u.max_nodes, het_job_id=j.het_job_id, het_offset=j.het_job_offset,
-            account=j.account, qos=j.qos, name=j.name, spec=u.spec.to_normalized(),
-            spec_source=(SpecSource.ADMIN_COMMENT if sources.get(j.job_id) == "admin_comment"
-                         else SpecSource.BATCH_SCRIPT),
-            nodelist=",".join(j.nodes), gpus_per_node=j.gpus_per_node(), submit_time=j.submit_time)
-            for u in units for j in (u.job,)])
+        self.store.jobs.observe_jobs([job_observation(u, sources.get(u.unit_id)) for u in units])
         for job_id, reason in not_elastic.items():
             bad = snap.job(job_id)
             if bad is not None and self.store.jobs.get_job(job_id) is None:
@@ -503,6 +496,17 @@ class Controller:
         except (StoreError, SlurmError) as e:
             log.error("reconcile pass stopped, retried at the next one: %s", e)
             return []
+
+
+def job_observation(u: ElasticUnit, source: str | None) -> JobObservation:
+    """What a cycle stores of a unit (its elastic_jobs row); ``source``: where its spec came from (units.py)."""
+    j = u.job
+    return JobObservation(
+        job_id=j.job_id, user=j.user, partition=j.partition, state=j.state, current_nodes=u.current_nodes,
+        min_nodes=u.min_nodes, max_nodes=u.max_nodes, het_job_id=j.het_job_id, het_offset=j.het_job_offset,
+        account=j.account, qos=j.qos, name=j.name, spec=u.spec.to_normalized(),
+        spec_source=SpecSource.ADMIN_COMMENT if source == "admin_comment" else SpecSource.BATCH_SCRIPT,
+        nodelist=",".join(j.nodes), gpus_per_node=j.gpus_per_node(), submit_time=j.submit_time)
 
 
 def outcome_class(text: str) -> str:
