@@ -239,7 +239,8 @@ class Cycles:
             decisions = decide(PolicyInput(snap, built.units, util), self.cfg, now)
         times["policy"] = clock() - t0
         t0 = clock()
-        written = self.write(built, decisions, now)
+        with gc_paused():  # as the controller's cycle writes
+            written = self.write(built, decisions, now)
         times["DB write"] = clock() - t0
         counts = {"jobs": len(snap.jobs), "nodes": len(snap.nodes), "gpus": sum(n.gpus() for n in snap.nodes),
                   "units": len(built.units), "pending": sum(j.is_pending for j in snap.jobs),

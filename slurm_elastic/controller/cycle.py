@@ -227,7 +227,8 @@ class Controller:
         built = self.molds.apply(built, known)  # a molded unit's max is its request
         units = {u.unit_id: u for u in built.units}
         before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
-        self._observe_jobs(built.units, built.sources, built.not_elastic, snap, known)
+        with gc_paused():  # a row per unit on a first cycle: GC would rescan the snapshot for each batch of them
+            self._observe_jobs(built.units, built.sources, built.not_elastic, snap, known)
         resume_timeout = self._resume_timeout()
         for failed in self.power.handle(summary.cycle_id or 0, units, snap, now, cancel=self._cancel,
                                         resume_timeout_s=resume_timeout, dry_run=self.cfg.dry_run, fencing=token):
@@ -273,8 +274,9 @@ class Controller:
         summary.decisions = decisions
         if self.metrics is not None:
             self._cycle_metrics(self.metrics, snap, built.units, inp.utilization, decisions, now=now)
-        new = [self._new_decision(d) for d in decisions]
-        recorded = self.holds.record(self.store, summary.cycle_id or 0, new, now, fencing=token)
+        with gc_paused():  # a decision per unit, and a row for each that changed (as _observe_jobs)
+            new = [self._new_decision(d) for d in decisions]
+            recorded = self.holds.record(self.store, summary.cycle_id or 0, new, now, fencing=token)
         if self.metrics is not None:
             self.metrics.holds_unchanged.inc(recorded.skipped)
         summary.acted.update(self.molds.run(  # waiting elastic jobs that can start now on fewer nodes
