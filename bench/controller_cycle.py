@@ -230,8 +230,9 @@ class Cycles:
             _walk(squeue_text, sinfo_text)
             times["parse (walk)"] = clock() - t0
         t0 = clock()
-        built = build_units(snap, read_script=lambda _: None, is_known_key=lambda _job, _key: True,
-                            cache=self.specs)
+        with gc_paused():  # as the controller's cycle builds them
+            built = build_units(snap, read_script=lambda _: None, is_known_key=lambda _job, _key: True,
+                                cache=self.specs)
         times["units"] = clock() - t0
         util = _utilization(built, now)
         t0 = clock()

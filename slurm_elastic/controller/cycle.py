@@ -63,6 +63,7 @@ from slurm_elastic.store.records import (
     ActionKind,
     ActionRecord,
     ActionState,
+    AgentScrape,
     ElasticJobRecord,
     FencingToken,
     JobObservation,
@@ -220,8 +221,9 @@ class Controller:
             log.warning("not acting: %s", summary.skipped)
             return
         ctx = CycleContext(cycle_id=summary.cycle_id or 0, token=token, now=now)
-        built = build_units(snap, read_script=self._read_script, is_known_key=self._is_known_key,
-                            cache=self.specs)
+        with gc_paused():  # a unit per elastic job: GC would only rescan the snapshot (as the parse)
+            built = build_units(snap, read_script=self._read_script, is_known_key=self._is_known_key,
+                                cache=self.specs)
         known = self.store.jobs.list_jobs(active_only=True)  # as last observed, before this cycle updates them
         built = _with_time_limit_added(built, known)
         built = self.molds.apply(built, known)  # a molded unit's max is its request
@@ -363,11 +365,11 @@ class Controller:
         # A node Slurm has switched off (or is booting) runs no agent: asking it would only record a failure.
         agents = {n.name: self.cfg.agents.url_for(n.name, n.address) for n in snap.nodes if not n.is_powered_off}
         result = self.collector(agents) if units else CollectResult({}, {})
-        for node, report in result.reports.items():
-            self.store.agents.agent_seen(node, url=result.url(node, agents), version=report.agent_version,
-                                         gpu_count=result.gpu_count(node))
-        for node, err in result.errors.items():
-            self.store.agents.agent_failed(node, url=result.url(node, agents), error=err)
+        self.store.agents.record_scrapes(  # one transaction for every node's scrape
+            [AgentScrape(node, result.url(node, agents), version=report.agent_version,
+                         gpu_count=result.gpu_count(node)) for node, report in result.reports.items()]
+            + [AgentScrape(node, result.url(node, agents), error=err) for node, err in result.errors.items()])
+        for node in result.errors:
             if self.metrics is not None:
                 self.metrics.scrape_errors.labels(node).inc()
         new: list[NewSample] = []

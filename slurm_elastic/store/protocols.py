@@ -15,6 +15,7 @@ from slurm_elastic.store.records import (
     ActionRecord,
     ActionState,
     AgentRecord,
+    AgentScrape,
     CycleRecord,
     DecisionCount,
     DecisionFilter,
@@ -145,6 +146,7 @@ class LeaseStore(Protocol):
 class AgentStore(Protocol):
     def agent_seen(self, node: str, *, url: str, version: str | None, gpu_count: int | None) -> AgentRecord: ...
     def agent_failed(self, node: str, *, url: str, error: str) -> AgentRecord: ...
+    def record_scrapes(self, scrapes: Sequence[AgentScrape]) -> None: ...
     def list_agents(self) -> list[AgentRecord]: ...
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from slurm_elastic.store import (
     ActionKind,
+    AgentScrape,
     JobObservation,
     NewSample,
     PauseScope,
@@ -15,7 +16,7 @@ from slurm_elastic.store import (
     SqlStore,
     StoreInputError,
 )
-from tests.unit.storehelpers import T0, FakeClock
+from tests.unit.storehelpers import T0, FakeClock, memory_store
 
 
 def obs(job_id: int = 10, **kw: object) -> JobObservation:
@@ -163,3 +164,34 @@ def test_observe_jobs_checks_every_observation_before_writing(store: SqlStore) -
     with pytest.raises(StoreInputError, match="job 2"):
         store.jobs.observe_jobs([obs(1), obs(2, min_nodes=4)])
     assert store.jobs.list_jobs() == []
+
+
+def test_a_cycles_scrapes_in_one_call_record_what_one_call_each_records(clock: FakeClock) -> None:
+    """record_scrapes (one transaction per cycle) leaves every agent row as agent_seen / agent_failed, called one
+    by one in the same order, leave it: new and known nodes, success after failure and failure after success."""
+    def cycles(one_by_one: bool) -> list[object]:
+        st = memory_store(clock)
+        n1, n2, n3 = "http://n1:9400", "http://n2:9400", "http://n3:9400"
+        script = [[AgentScrape("n1", n1, "0.1.0", 4), AgentScrape("n2", n2, error="timeout")],
+                  [AgentScrape("n1", n1, error="refused"), AgentScrape("n2", "http://n2:9401", "0.2", 8),
+                   AgentScrape("n3", n3, "0.2", 8)],
+                  [AgentScrape("n1", n1, "0.1.1", 4), AgentScrape("n3", n3, error="x" * 5000)]]
+        start = clock()
+        for scrapes in script:
+            if one_by_one:
+                for sc in scrapes:
+                    if sc.error is None:
+                        st.agents.agent_seen(sc.node, url=sc.url, version=sc.version, gpu_count=sc.gpu_count)
+                    else:
+                        st.agents.agent_failed(sc.node, url=sc.url, error=sc.error)
+            else:
+                st.agents.record_scrapes(scrapes)
+            clock.advance(30)
+        clock.advance((start - clock()).total_seconds())  # the other run starts at the same time
+        try:
+            return list(st.agents.list_agents())
+        finally:
+            st.close()
+
+    bulk = cycles(False)
+    assert bulk == cycles(True) and len(bulk) == 3
