@@ -38,16 +38,21 @@ def extension_record(row: ExtensionJobColumns) -> ExtensionRecord:
 _CHUNK = 500  # job ids per IN (...) read: under every backend's limit on bound parameters
 
 
+#: The columns an observation sets, besides submit_time (which only a reused job id may change) and last_seen.
+_OBSERVED = ("het_job_id", "het_offset", "user", "account", "partition", "qos", "name", "spec", "spec_source",
+             "spec_error", "current_nodes", "min_nodes", "max_nodes", "nodelist", "gpus_per_node", "state")
+
+
+def _values(obs: JobObservation) -> tuple[Any, ...]:
+    """The observation's values of :data:`_OBSERVED`, in that order (compared with a stored row's as a tuple)."""
+    return (obs.het_job_id, obs.het_offset, obs.user, obs.account, obs.partition, obs.qos, obs.name, obs.spec,
+            SpecSource(obs.spec_source).value, None if obs.spec_error is None else obs.spec_error[:MAX_TEXT],
+            obs.current_nodes, obs.min_nodes, obs.max_nodes, obs.nodelist, obs.gpus_per_node, obs.state)
+
+
 def _fields(obs: JobObservation, now: datetime) -> dict[str, Any]:
     """The columns an observation sets (besides submit_time, which only a reused job id may change)."""
-    return dict(
-        het_job_id=obs.het_job_id, het_offset=obs.het_offset, user=obs.user, account=obs.account,
-        partition=obs.partition, qos=obs.qos, name=obs.name, spec=obs.spec,
-        spec_source=SpecSource(obs.spec_source).value,
-        spec_error=None if obs.spec_error is None else obs.spec_error[:MAX_TEXT],
-        current_nodes=obs.current_nodes, min_nodes=obs.min_nodes, max_nodes=obs.max_nodes,
-        nodelist=obs.nodelist, gpus_per_node=obs.gpus_per_node, state=obs.state, last_seen=now,
-    )
+    return {**dict(zip(_OBSERVED, _values(obs), strict=True)), "last_seen": now}
 
 
 def _reused(stored: datetime | None, seen: datetime | None) -> bool:
@@ -109,23 +114,24 @@ class SqlJobs:
         updates: list[dict[str, Any]] = []
         replaced: list[int] = []
         with self._db.write("record elastic jobs") as s:
-            stored: dict[int, Any] = {}
+            stored: dict[int, tuple[datetime | None, tuple[Any, ...]]] = {}  # job id -> (submit time, _OBSERVED)
+            cols = [table.c[name] for name in _OBSERVED]
             ids = sorted(by_id)
             for i in range(0, len(ids), _CHUNK):
-                for found in s.execute(select(table).where(table.c.job_id.in_(ids[i:i + _CHUNK]))).mappings():
-                    stored[found["job_id"]] = found
+                chunk = select(table.c.job_id, table.c.submit_time, *cols).where(table.c.job_id.in_(ids[i:i + _CHUNK]))
+                for job_id, submit_time, *values in s.execute(chunk):
+                    stored[job_id] = (submit_time, tuple(values))
             for job_id, obs in by_id.items():
-                fields = _fields(obs, now)
-                row = stored.get(job_id)
-                if row is None or _reused(row["submit_time"], obs.submit_time):
-                    if row is not None:
+                found = stored.get(job_id)
+                if found is None or _reused(found[0], obs.submit_time):
+                    if found is not None:
                         replaced.append(job_id)
                     inserts.append(dict(job_id=job_id, paused=False, first_seen=now, submit_time=obs.submit_time,
-                                        ended_at=None, **fields))
+                                        ended_at=None, **_fields(obs, now)))
                     continue
-                submit = obs.submit_time if obs.submit_time is not None else row["submit_time"]
-                if submit != row["submit_time"] or any(row[k] != v for k, v in fields.items() if k != "last_seen"):
-                    updates.append(dict(row_id=job_id, submit_time=submit, **fields))
+                submit = obs.submit_time if obs.submit_time is not None else found[0]
+                if submit != found[0] or _values(obs) != found[1]:
+                    updates.append(dict(row_id=job_id, submit_time=submit, **_fields(obs, now)))
             if replaced:
                 s.execute(delete(table).where(table.c.job_id.in_(replaced)))
             if inserts:
