@@ -21,7 +21,7 @@ The steady cycle reads the same replies 30 s later: the policy decides the same 
 its capped grows and shrinks come again and are written again, as actions always are); no hold and no unit
 row changed, so none is written.
 
-Targets (issue 29): first cycle <= 1 s, steady <= 0.5 s at 51k jobs, 100k jobs <= 2 s, parse <= 1x json.loads.
+Targets: first cycle <= 1 s, steady <= 0.5 s at 51k jobs, 100k jobs <= 2 s, parse <= 1x json.loads.
 
     .venv/bin/python bench/controller_cycle.py                       # 51k/10k and 100k/20k, first + steady
     .venv/bin/python bench/controller_cycle.py --sizes 10000:2000 --repeat 3 --json out.json

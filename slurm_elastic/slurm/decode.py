@@ -47,7 +47,7 @@ class _Reason(msgspec.Struct, gc=False):
     description: str | None = None
 
 
-class _Job(msgspec.Struct, gc=False):
+class _RawJob(msgspec.Struct, gc=False):
     """The fields of a ``squeue --json`` job the controller reads (slurm/model.py's Job)."""
 
     job_id: Number = None
@@ -80,7 +80,7 @@ class _Job(msgspec.Struct, gc=False):
     standard_error: str | None = None
 
 
-class _Node(msgspec.Struct, gc=False):
+class _RawNode(msgspec.Struct, gc=False):
     """A node object: 22.05's ``sinfo --json`` ``nodes`` and ``scontrol show nodes --json`` (23.02+)."""
 
     name: str | None = None
@@ -136,13 +136,13 @@ class _SinfoEntry(msgspec.Struct, gc=False):
 class _SqueueReply(msgspec.Struct, gc=False):
     meta: Any = None  # small: read by openapi.parse_meta as it stands
     errors: Any = None
-    jobs: list[_Job] | None = None
+    jobs: list[_RawJob] | None = None
 
 
 class _NodesReply(msgspec.Struct, gc=False):
     meta: Any = None
     errors: Any = None
-    nodes: list[_Node] | None = None
+    nodes: list[_RawNode] | None = None
     sinfo: list[_SinfoEntry] | None = None
 
 
@@ -228,7 +228,7 @@ def _record(kind: type[RecordT], values: dict[str, Any]) -> RecordT:
 assert not hasattr(Job, "__post_init__") and not hasattr(Node, "__post_init__")
 
 
-def _job(j: _Job) -> Job:
+def _job(j: _RawJob) -> Job:
     job_id = _num(j.job_id)
     if job_id is None:
         raise _Unusual
@@ -277,7 +277,7 @@ def _job(j: _Job) -> Job:
     })
 
 
-def _node(n: _Node) -> Node:
+def _node(n: _RawNode) -> Node:
     state, flags = _job_state(n.state)
     flags = tuple(dict.fromkeys([*flags, *(f.upper() for f in n.state_flags or ())]))
     if not n.name:
