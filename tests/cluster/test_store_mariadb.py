@@ -311,6 +311,9 @@ def test_a_cycles_bulk_writes_on_mariadb(stores: tuple[SqlStore, SqlStore], cloc
     stored = {d.id: d for d in b.decisions.list_decisions(DecisionFilter(limit=5000))}
     assert all(stored[i].job_id == d.job_id and stored[i].inputs == d.inputs and stored[i].message == d.message
                for i, d in zip(ids, decisions, strict=True))
+    # the hold filter's call: grows and shrinks with their ids, holds without
+    assert len(a.decisions.record_rows(cycle, decisions[:3], decisions[3:1500])) == 3
+    assert len(b.decisions.list_decisions(DecisionFilter(limit=5000))) == 3500
     seen = [JobObservation(job_id=4_000_000_000 + i, user="alice", partition="train", state="RUNNING",
                            current_nodes=1, min_nodes=1, max_nodes=2, submit_time=clock()) for i in range(700)]
     assert a.jobs.observe_jobs(seen) == 700
