@@ -50,7 +50,7 @@ from slurm_elastic.controller.extension import ExtensionTag  # noqa: E402
 from slurm_elastic.controller.hold_filter import HoldFilter  # noqa: E402
 from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units  # noqa: E402
 from slurm_elastic.policy import Decision, JobUtilization, PolicyInput, config_from_mapping, decide  # noqa: E402
-from slurm_elastic.slurm.decode import read_nodes, read_squeue  # noqa: E402
+from slurm_elastic.slurm.decode import JobMemo, read_nodes, read_squeue  # noqa: E402
 from slurm_elastic.slurm.hostlist import compress  # noqa: E402
 from slurm_elastic.slurm.model import ClusterSnapshot, Partition  # noqa: E402
 from slurm_elastic.slurm.openapi import gc_paused, walk_nodes, walk_squeue  # noqa: E402
@@ -167,9 +167,10 @@ def new_decision(d: Decision) -> NewDecision:
                        signal=d.signal, profile=d.profile, paused=d.reason == "PAUSED")
 
 
-def _snapshot(squeue_text: str, sinfo_text: str, now: datetime = NOW) -> ClusterSnapshot:
-    with gc_paused():  # as SlurmCli.snapshot() reads
-        _, jobs = read_squeue(squeue_text)
+def _snapshot(squeue_text: str, sinfo_text: str, now: datetime = NOW, memo: JobMemo | None = None
+              ) -> ClusterSnapshot:
+    with gc_paused():  # as SlurmCli.snapshot() reads (with its memo of the last reply's jobs)
+        _, jobs = read_squeue(squeue_text, memo)
         _, nodes = read_nodes(sinfo_text)
     parts = sorted({p for n in nodes for p in n.partitions})
     return ClusterSnapshot(now, jobs, nodes,
@@ -199,6 +200,7 @@ class Cycles:
         self.store = SqlStore.open(sqlite_url(db))
         self.holds = HoldFilter(heartbeat_s=600.0)  # the controller's default hold_heartbeat_s
         self.specs = SpecCache()
+        self.jobs_seen = JobMemo()  # as SlurmCli keeps it
         self.cfg = cfg
 
     def close(self) -> None:
@@ -223,7 +225,7 @@ class Cycles:
         json.loads(squeue_text), json.loads(sinfo_text)
         times["json.loads"] = clock() - t0
         t0 = clock()
-        snap = _snapshot(squeue_text, sinfo_text, now)
+        snap = _snapshot(squeue_text, sinfo_text, now, self.jobs_seen)
         times["parse"] = clock() - t0
         if walk:
             t0 = clock()

@@ -42,10 +42,10 @@ from slurm_elastic.slurm.accounting import (
     parse_sacct_states,
     parse_sshare,
 )
-from slurm_elastic.slurm.decode import read_nodes, read_squeue
+from slurm_elastic.slurm.decode import JobMemo, read_nodes, read_squeue
 from slurm_elastic.slurm.errors import SlurmCommandError, SlurmError, SlurmParseError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job, Node, Partition
-from slurm_elastic.slurm.openapi import gc_paused
+from slurm_elastic.slurm.openapi import ReplyMeta, gc_paused
 from slurm_elastic.slurm.runner import SlurmCommands
 from slurm_elastic.slurm.scontrol_text import parse_partitions
 
@@ -122,6 +122,7 @@ class SlurmCli:
         self._cluster: tuple[str | None] | None = None  # ClusterName, once read
         self._resume_timeout: tuple[float | None] | None = None  # ResumeTimeout, once read
         self._scontrol_json: bool | None = None  # does scontrol take --json (23.02+)? None: not tried yet
+        self._jobs_seen = JobMemo()  # the last squeue's records: unchanged jobs are not built again
 
     # --- read ------------------------------------------------------------------------------------------
     def _read(self, argv: Sequence[str], read: Callable[[str], R]) -> R:
@@ -134,9 +135,12 @@ class SlurmCli:
         except RecursionError:  # nested too deeply for the decoder: typed, so the cycle carries on
             raise SlurmParseError(f"{argv[0]} returned JSON nested too deeply") from None
 
+    def _read_squeue(self, text: str) -> tuple[ReplyMeta, tuple[Job, ...]]:
+        return read_squeue(text, self._jobs_seen)
+
     def jobs(self) -> tuple[Job, ...]:
         with gc_paused():
-            return self._read(["squeue", "--all", "--json"], read_squeue)[1]
+            return self._read(["squeue", "--all", "--json"], self._read_squeue)[1]
 
     def nodes(self) -> tuple[Node, ...]:
         with gc_paused():
@@ -163,7 +167,7 @@ class SlurmCli:
 
     def snapshot(self) -> ClusterSnapshot:
         with gc_paused():  # the cycle's largest allocation (openapi.gc_paused says why)
-            meta, jobs = self._read(["squeue", "--all", "--json"], read_squeue)
+            meta, jobs = self._read(["squeue", "--all", "--json"], self._read_squeue)
             nodes = self._nodes()
         return ClusterSnapshot(
             taken_at=datetime.now(tz=UTC),

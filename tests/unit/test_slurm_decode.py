@@ -125,3 +125,24 @@ def test_invalid_json_raises_as_json_loads_does() -> None:
         decode.read_squeue('{"jobs": [')
     with pytest.raises(RecursionError):
         decode.read_nodes("[" * 100_000 + "]" * 100_000)
+
+
+def test_a_memo_takes_the_records_of_unchanged_jobs_again_and_builds_the_changed_ones() -> None:
+    text = (FIX / "24.11" / "recorded" / "squeue.json").read_text()
+    memo = decode.JobMemo()
+    _, first = decode.read_squeue(text, memo)
+    assert first == decode.read_squeue(text)[1] and len(first) > 5
+    _, again = decode.read_squeue(text, memo)
+    assert again == first and all(a is b for a, b in zip(again, first, strict=True))  # taken, not built
+    doc = json.loads(text)
+    doc["jobs"][1]["name"] = "renamed"
+    doc["jobs"][2]["job_state"] = ["RUNNING", "COMPLETING"]
+    changed_text = json.dumps(doc)
+    _, changed = decode.read_squeue(changed_text, memo)
+    assert changed == decode.read_squeue(changed_text)[1] == openapi.walk_squeue(doc)[1]
+    assert changed[1].name == "renamed" and changed[2].state_flags == ("COMPLETING",)
+    assert [a is b for a, b in zip(changed, first, strict=True)] == [i not in (1, 2) for i in range(len(first))]
+    kept = dict(memo.by_raw)
+    doc["jobs"][0]["job_id"] = 7.0  # outside the typed shapes: the walk reads it, the memo stays as it was
+    assert decode.read_squeue(json.dumps(doc), memo)[1][0].job_id == 7
+    assert memo.by_raw == kept
