@@ -227,6 +227,18 @@ class PolicyConfig:
         return cast(bool, self.resolve("goodput_moves").value)
 
     @property
+    def allocator(self) -> bool:
+        return cast(bool, self.resolve("allocator").value)
+
+    @property
+    def fairness_power(self) -> float:
+        return float(cast(float, self.resolve("fairness_power").value))
+
+    @property
+    def fairness_max_rho(self) -> float:
+        return float(cast(float, self.resolve("fairness_max_rho").value))
+
+    @property
     def admit_backoff_s(self) -> int:
         return cast(int, self.resolve("admit_backoff_s").value)
 
