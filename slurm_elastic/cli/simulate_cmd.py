@@ -25,7 +25,7 @@ from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import ElasticPolicy
 from slurm_elastic.sim.loaders import FORMATS, load_workload
-from slurm_elastic.sim.metrics import slowdown, DEFAULT_STARVATION_THRESHOLD, Metrics, summarize
+from slurm_elastic.sim.metrics import DEFAULT_STARVATION_THRESHOLD, Metrics, slowdown, summarize
 from slurm_elastic.sim.run import compare
 from slurm_elastic.sim.scheduler import SCHEDULERS
 
