@@ -287,6 +287,7 @@ class UnitSettings:
     goodput_min_marginal_efficiency: float
     speedup_growth: bool
     moldable_start: bool
+    mold_only_if_faster: bool
     serving_risk_percent: int
     serving_headroom_percent: int
     serving_up_window_s: int

@@ -218,6 +218,10 @@ KEYS: tuple[KeyDef, ...] = (
            "start at its request but whose #ELASTIC min fits the free whole nodes is reshaped to start now on "
            "them, with its time limit scaled by request / size; it keeps its request as its max and grows "
            "back (MOLDABLE_START)"),
+    KeyDef("mold_only_if_faster", Kind.BOOL, False, None, None, ALL_SCOPES,
+           "moldable start only when it pays for the job itself: a waiting job is molded only if its run at the "
+           "smaller size (its time limit x request / size) ends no later than waiting for its request would "
+           "(the running jobs' expected ends: start + time limit) plus its run at the request"),
     # --- serving units (#ELASTIC --serving; docs/serving.md) ---------------------------------------------------
     KeyDef("serving_risk_percent", Kind.PERCENT, 90, 1, 100, ALL_SCOPES,
            "serving: the SLO is at risk (scale out at once, SLO_AT_RISK) when the p99 latency of the short window "
