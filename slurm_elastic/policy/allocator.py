@@ -113,46 +113,105 @@ def grow_key(w: UnitWork) -> tuple[int, float, int]:
     return (0 if w.fair_protected else 1, -(w.plan_value or 0.0), w.unit_id)
 
 
-def shrink_floor(w: UnitWork, max_rho: float, floor: int) -> int:
-    """The fewest nodes ``w`` may be shrunk to for others: ``floor`` (its min / admit floor), raised while its
-    rho there would exceed ``max_rho``; its current size when it has no fairness (unmeasured units are left
-    alone by the allocator)."""
-    f = w.fairness
-    if f is None:
-        return w.current
-    n = floor
-    while n < w.current and f.rho_at(n) > max_rho:
-        n += 1
-    return n
-
-
-def water_fill(candidates: Sequence[tuple[UnitWork, int]], need: int,
+def water_fill(candidates: Sequence[tuple[UnitWork, int]], need: int, limit: float,
                helps: Callable[[UnitWork, int], bool]) -> list[tuple[UnitWork, int]] | None:
-    """Take ``need`` nodes from ``candidates`` ((unit, nodes it may give at most)), one node at a time from the
-    unit whose rho after giving it would be lowest; ``helps(unit, k)`` says whether its k-th next node (0-based)
-    fits the job the nodes are for. Returns (unit, nodes) with nodes > 0, or None when they are not enough."""
+    """Take ``need`` nodes from ``candidates`` ((unit, nodes above its floor)), one node at a time from the unit
+    whose rho after giving it would be lowest, none that would take a unit's rho above ``limit``;
+    ``helps(unit, k)`` says whether its k-th next node (0-based) fits the job the nodes are for (asked only of the
+    nodes popped, so a scan costs the candidates' heap, not a fit check each). Returns (unit, nodes) with nodes
+    > 0, or None when they are not enough. Units without a fairness (unmeasured) are left alone."""
     heap: list[tuple[float, int, int]] = []
     by_id: dict[int, tuple[UnitWork, int]] = {}
     for w, most in candidates:
-        if most <= 0 or w.fairness is None or not helps(w, 0):
+        f = w.fairness
+        if most <= 0 or f is None:
             continue
-        by_id[w.unit_id] = (w, most)
-        heap.append((w.fairness.rho_at(w.current - w.taken - 1), w.unit_id, 0))
+        rho = f.rho_at(w.current - w.taken - 1)
+        if rho <= limit:
+            by_id[w.unit_id] = (w, most)
+            heap.append((rho, w.unit_id, 0))
     heapq.heapify(heap)
     got: dict[int, int] = {}
     left = need
     while left > 0 and heap:
         _, uid, k = heapq.heappop(heap)
         w, most = by_id[uid]
+        if not helps(w, k):
+            continue  # its next node does not fit the job; the ones after it are not taken out of order
         got[uid] = k + 1
         left -= 1
         nxt = k + 1
-        if nxt < most and helps(w, nxt):
+        if nxt < most:
             assert w.fairness is not None
-            heapq.heappush(heap, (w.fairness.rho_at(w.current - w.taken - nxt - 1), uid, nxt))
+            rho = w.fairness.rho_at(w.current - w.taken - nxt - 1)
+            if rho <= limit:
+                heapq.heappush(heap, (rho, uid, nxt))
     if left > 0:
         return None
     return [(by_id[uid][0], k) for uid, k in sorted(got.items())]
 
 
-__all__ = ["Fairness", "assess", "grow_key", "shrink_floor", "speed_model", "water_fill"]
+class VictimHeap:
+    """The water-filling of :func:`water_fill` kept across the pending jobs of one walk, for one partition.
+
+    The walk admits pending jobs in falling priority, so a victim of priority at or above one job's is no victim
+    of any later job's either, and a victim without surplus left never has one again: both leave the heap for
+    good. Keys go stale when a unit gives nodes; a stale key is refreshed when it reaches the top. So a walk
+    costs the victims it takes from (and those it drops), not every victim once per pending job.
+    """
+
+    def __init__(self, victims: Iterable[UnitWork]) -> None:
+        self._by_id: dict[int, UnitWork] = {}
+        self._heap: list[tuple[float, int]] = []
+        for w in victims:
+            if w.fairness is not None and w.unit_id not in self._by_id:
+                self._by_id[w.unit_id] = w
+                self._heap.append((self._key(w, 0), w.unit_id))
+        heapq.heapify(self._heap)
+
+    @staticmethod
+    def _surplus(w: UnitWork) -> int:
+        return min(w.current - w.taken - max(w.unit.min_nodes, w.admit_floor), len(w.removal()) - w.taken)
+
+    @staticmethod
+    def _key(w: UnitWork, k: int) -> float:
+        assert w.fairness is not None
+        return w.fairness.rho_at(w.current - w.taken - k - 1)
+
+    def take(self, priority: int, need: int, limit: float,
+             helps: Callable[[UnitWork, int], bool]) -> list[tuple[UnitWork, int]] | None:
+        """``need`` nodes for a pending job of ``priority`` (see :func:`water_fill`); nothing is committed: the
+        caller adds the picks to the units' ``taken``."""
+        heap, picks, aside = self._heap, {}, []  # type: ignore[var-annotated]
+        left = need
+        while left > 0 and heap:
+            key, uid = heap[0]
+            w = self._by_id[uid]
+            k = picks.get(uid, 0)
+            if w.priority >= priority or (k == 0 and self._surplus(w) <= 0):
+                heapq.heappop(heap)  # for good: later jobs have lower priority; surplus only shrinks
+                continue
+            if k >= self._surplus(w):
+                aside.append(heapq.heappop(heap))  # exhausted by this job's picks alone
+                continue
+            fresh = self._key(w, k)
+            if fresh != key:
+                heapq.heapreplace(heap, (fresh, uid))
+                continue
+            if key > limit:
+                break  # the lowest rho after a shrink is above the limit: so is every other
+            heapq.heappop(heap)
+            if not helps(w, k):
+                aside.append((key, uid))
+                continue
+            picks[uid] = k + 1
+            left -= 1
+            heapq.heappush(heap, (self._key(w, k + 1), uid))
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        if left > 0:
+            return None
+        return [(self._by_id[uid], k) for uid, k in sorted(picks.items())]
+
+
+__all__ = ["Fairness", "VictimHeap", "assess", "grow_key", "pending_rho", "speed_model", "victim_limit", "water_fill"]

@@ -23,7 +23,7 @@ speedup_growth rule reads. Pure: no clock, ``now`` is passed in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from slurm_elastic.policy.model import ElasticUnit
@@ -85,16 +85,23 @@ class Fairness:
     current: int
     speeds: SpeedModel
     elapsed_s: float
+    _memo: dict[int, float] = field(default_factory=dict, compare=False, repr=False)  # nodes -> rho_at
 
     def rho_at(self, nodes: int) -> float:
         """rho if the unit ran at ``nodes`` from now on (one restart when that is a change)."""
         if nodes == self.current:
             return self.rho
+        hit = self._memo.get(nodes)
+        if hit is not None:
+            return hit
         speed = self.speeds.speed(nodes)
         if speed <= 0:
-            return float("inf")
-        left = self.remaining_s * self.speeds.speed(self.current) / speed + self.restart_s
-        return (self.elapsed_s + left) / self.rigid_jct_s
+            value = float("inf")
+        else:
+            left = self.remaining_s * self.speeds.speed(self.current) / speed + self.restart_s
+            value = (self.elapsed_s + left) / self.rigid_jct_s
+        self._memo[nodes] = value
+        return value
 
     def normalized_speed(self, nodes: int) -> float:
         """Speed at ``nodes`` over its speed at the requested size (Pollux's and Sia's normalized goodput)."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from slurm_elastic.policy.allocator import grow_key, shrink_floor, victim_limit, water_fill
+from slurm_elastic.policy.allocator import VictimHeap, grow_key, victim_limit, water_fill
 from slurm_elastic.policy.capacity import (
     FreeGres,
     Need,
@@ -192,6 +192,7 @@ class Walk:
     live_victims: dict[str, _Live[UnitWork]] = field(default_factory=dict)  # victims with surplus left
     live_freeing: dict[str, _Live[tuple[str, UnitWork]]] = field(default_factory=dict)  # not claimed yet
     waiting_parts: set[str] = field(default_factory=set)  # partitions with a pending job waiting for nodes
+    fair_heaps: dict[str, VictimHeap] = field(default_factory=dict)  # allocator: partition -> its victims by rho
 
     def __post_init__(self) -> None:
         snap = self.inp.snapshot
@@ -252,7 +253,8 @@ class Walk:
                 account = w.unit.job.account or NO_ACCOUNT
                 part_d[account] = part_d.get(account, 0) + w.want
         for part, lst in self.victims.items():
-            lst.sort(key=self._victim_order())
+            # the allocator picks among the lower-priority victims by rho itself: priority order lets a scan stop
+            lst.sort(key=(lambda v: (v.priority, v.unit_id)) if self.ctx.cfg.allocator else self._victim_order())
             self.live_victims[part] = _Live(lst, _exhausted)
         claimed = self.claimed  # not self: no reference cycle through the walk
         for part, pairs in self.freeing.items():
@@ -577,23 +579,30 @@ class Walk:
         would be lowest, none below the size at which its rho would pass fairness_max_rho (policy/allocator.py).
         Returns the picks and how many nodes are still missing (all of ``still`` when they are not enough)."""
         max_rho = victim_limit(job, self.ctx.now, self.ctx.cfg.fairness_max_rho)
+
+        def helps(w: UnitWork, k: int) -> bool:
+            return self._helps(w.removal()[w.taken + k].node, w, part_set, need)
+
+        if len(parts) == 1:  # the common case: one heap per partition, kept across the walk
+            heap = self.fair_heaps.get(parts[0])
+            if heap is None:
+                heap = self.fair_heaps[parts[0]] = VictimHeap(self.victims.get(parts[0], ()))
+            found = heap.take(job.priority, still, max_rho, helps)
+            return (found, 0) if found is not None else ([], still)
         candidates: list[tuple[UnitWork, int]] = []
         seen: set[int] = set()
         for part in parts:
             live_victims = self.live_victims.get(part)
             for w in live_victims if live_victims is not None else ():
-                if w.unit_id in seen or w.priority >= job.priority:
+                if w.priority >= job.priority:
+                    break  # the allocator keeps victims in priority order: no lower-priority one is left
+                if w.unit_id in seen:
                     continue
                 seen.add(w.unit_id)
-                floor = shrink_floor(w, max_rho, max(w.unit.min_nodes, w.admit_floor))
-                most = min(w.current - w.taken - floor, len(w.removal()) - w.taken)
+                most = min(w.current - w.taken - max(w.unit.min_nodes, w.admit_floor), len(w.removal()) - w.taken)
                 if most > 0:
                     candidates.append((w, most))
-
-        def helps(w: UnitWork, k: int) -> bool:
-            return self._helps(w.removal()[w.taken + k].node, w, part_set, need)
-
-        picks = water_fill(candidates, still, helps)
+        picks = water_fill(candidates, still, max_rho, helps)
         return (picks, 0) if picks is not None else ([], still)
 
     def _note_spared(self, job: Job, parts: tuple[str, ...]) -> None:

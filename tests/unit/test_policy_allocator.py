@@ -103,3 +103,18 @@ def test_a_unit_behind_its_rigid_pace_gets_the_spare_node_first() -> None:
     assert float(got[101].inputs["rho"] or 0) > 1.3 and got[100].inputs["rho"] == pytest.approx(1.0)
     walk = _run([ahead, behind], all_nodes, [], utils=utils, speedup_growth=True)
     assert walk[101].action is Action.HOLD  # the walk ranks grows by priority / seconds saved alone
+
+
+def test_two_arrivals_in_one_cycle_keep_filling_from_the_lowest_rho() -> None:
+    units = [_four(100, 1), _four(101, 5), _four(102, 9)]
+    all_nodes = _busy(*(f"n{i}" for i in range(1, 13)))
+    arrivals = [pending(900, count=2, priority=100), pending(901, count=2, priority=90)]
+    got = _run(units, all_nodes, arrivals, allocator=True)
+    # 900 takes one node each from 100 and 101; 901 then one from 102 (lowest rho after a shrink) and, all
+    # three at the same rho again, one more from the lowest unit id
+    assert [got[u].target_nodes for u in (100, 101, 102)] == [2, 3, 3]
+    assert got[100].shrink is not None and set(got[100].shrink.admits) == {900, 901}
+    # a victim of priority at or above a waiting job's gives it nothing (the walk's rule, kept)
+    high = [replace(units[0], job=replace(units[0].job, priority=95)), units[1], units[2]]
+    got = _run(high, all_nodes, arrivals, allocator=True)
+    assert got[100].shrink is not None and got[100].shrink.admits == (900,) and got[100].target_nodes == 3
