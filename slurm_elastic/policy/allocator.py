@@ -182,7 +182,9 @@ class VictimHeap:
              helps: Callable[[UnitWork, int], bool]) -> list[tuple[UnitWork, int]] | None:
         """``need`` nodes for a pending job of ``priority`` (see :func:`water_fill`); nothing is committed: the
         caller adds the picks to the units' ``taken``."""
-        heap, picks, aside = self._heap, {}, []  # type: ignore[var-annotated]
+        heap = self._heap
+        picks: dict[int, int] = {}
+        aside: list[tuple[float, int]] = []
         left = need
         while left > 0 and heap:
             key, uid = heap[0]
