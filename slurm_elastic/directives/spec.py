@@ -288,8 +288,8 @@ def check_rules(settings: Mapping[str, Setting]) -> list[DirectiveError]:
     # partition and account, which only the controller (and `slurm-elastic check --policy`) knows: the
     # directive defaults are not the site's (the packaged band is 20..90), so they are not compared with here.
     up_s, down_s = settings.get("scale_up_above"), settings.get("scale_down_below")
-    if up_s is not None and down_s is not None and down_s.value >= up_s.value:
-        up, down = up_s.value, down_s.value
+    up, down = value("scale_up_above"), value("scale_down_below")
+    if up_s is not None and down_s is not None and down >= up:
         if up_s.pos > down_s.pos:
             errors.append(DirectiveError(
                 up_s.line, "--scale-up-above",
