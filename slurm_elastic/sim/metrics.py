@@ -127,7 +127,7 @@ def summarize(result: SimResult, starvation_threshold: float = DEFAULT_STARVATIO
 
 
 #: JCTs below this count as this long when comparing one job's two runs, so that a one-minute job delayed by
-#: one cycle does not count as twice as late (issue 27's 10-minute floor).
+#: one cycle does not count as twice as late.
 SLOWDOWN_FLOOR_S = 600.0
 
 

@@ -118,7 +118,7 @@ UP30 = "#!/bin/bash\n#SBATCH -p train -A nlp\n#ELASTIC --scale-up-above 30\nsrun
 
 
 def test_a_threshold_alone_meets_the_packaged_band_not_the_directive_default(tmp_path: Path) -> None:
-    """Issue 28's bug: `--scale-up-above 30` was refused ("not above --scale-down-below 40, the default") while
+    """The bug this guards: `--scale-up-above 30` was refused ("not above --scale-down-below 40, the default") while
     the packaged policy's band is 20..90, so the job would have run with 20..30."""
     script = _write(tmp_path, UP30)
     r = CliRunner().invoke(main, ["check", str(script)])
