@@ -102,7 +102,7 @@ def _tail(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
 
 def tail_text(w: UnitWork) -> str:
     return (f"shrunk {w.inputs['shrunk_s']:.0f}s of its {w.inputs['life_s']:.0f}s life "
-            f"({pct(float(w.inputs['shrunk_share'] or 0) * 100, float(w.inputs['max_shrunk_share']))} > "
+            f"({pct(float(w.inputs['shrunk_share'] or 0) * 100, float(w.inputs['max_shrunk_share'] or 0))} > "
             f"max_shrunk_share {w.inputs['max_shrunk_share']}%)")
 
 
