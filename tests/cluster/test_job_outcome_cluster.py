@@ -22,6 +22,7 @@ from slurm_elastic.slurm.accounting import REPORT_FIELDS
 from slurm_elastic.store.records import ActionKind
 from tests.cluster.agents_harness import REPO, Agents
 from tests.cluster.controller_harness import controller_config, node_count, running_controller, set_util, wait_until
+from tests.cluster.harness import RELEASE
 from tests.cluster.test_resize_templates import template_script
 
 pytestmark = pytest.mark.cluster
@@ -49,7 +50,9 @@ def test_a_job_that_trains_to_its_end_across_a_shrink_of_its_own_node_completes(
     set_util(util, 0)  # below --scale-down-below from the start: the first full window shrinks 2 -> 1
     script = "\n".join(DIRECTIVES if ln.startswith("#ELASTIC") else ln  # the template's, with this test's sizes
                        for ln in template_script("minimal.sbatch", cluster, util).splitlines()) + "\n"
-    cp = cluster.run(["env", "PATH=/usr/local/bin:/usr/bin:/bin", f"PYTHONPATH={REPO}",
+    # A release cluster's client commands are its wrappers (tests/cluster/harness.py), in the job too (srun).
+    path = ("" if RELEASE == "22.05" else f"{cluster.root / 'bin'}:") + "/usr/local/bin:/usr/bin:/bin"
+    cp = cluster.run(["env", f"PATH={path}", f"PYTHONPATH={REPO}",
                       f"SLURM_ELASTIC_TRAIN_ARGS={TRAIN_ARGS}", "sbatch", "--parsable", f"--chdir={work}",
                       f"--output={cluster.jobs_dir}/%j.out", "-N2", "--gres=gpu:1", "--time=10"],
                      user="alice", input_text=script)
