@@ -23,6 +23,13 @@ sending them requests, waits until their requests in flight are answered, then a
 takes the nodes with nothing in flight there. Drained replicas that are still up when the notice is withdrawn
 or its hold expires take requests again. The grace signal (forwarded by slurm_elastic.launch) only wakes the
 router to read the notice at once; replicas ignore it.
+
+Addresses: the router and every replica listen on, and advertise, **their node's address in Slurm** (its
+``NodeAddr``, from ``scontrol -o show node $SLURMD_NODENAME``: the address Slurm itself reaches the node by, so
+it resolves from the other nodes and is the cluster network's), never every interface: on a node with a public and
+a cluster interface the service stays on the cluster's. ``SLURM_ELASTIC_SERVE_ADDR`` (an address, or a name with
+``{node}`` for the node's name, e.g. ``{node}-ib``), or ``--bind`` / ``--advertise``, sets another; without
+Slurm's answer the host name is used.
 """
 
 from __future__ import annotations
@@ -32,8 +39,10 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -400,15 +409,41 @@ async def amain(args: argparse.Namespace) -> None:
         await runner.cleanup()
 
 
+def node_addr(scontrol_line: str) -> str | None:
+    """``NodeAddr`` of one ``scontrol -o show node`` line (None when it has none)."""
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", scontrol_line)
+    return m.group(1) if m else None
+
+
+def serve_address(env: dict[str, str] | os._Environ[str]) -> str:
+    """Where this node's router or replica listens and what it advertises: ``SLURM_ELASTIC_SERVE_ADDR`` (the
+    site's: an address, or a name with ``{node}`` for the Slurm node name, e.g. ``{node}-ib``), else the node's
+    NodeAddr in Slurm, else the host name."""
+    node = env.get("SLURMD_NODENAME")
+    if env.get("SLURM_ELASTIC_SERVE_ADDR"):
+        return env["SLURM_ELASTIC_SERVE_ADDR"].replace("{node}", node or socket.gethostname())
+    if node:
+        try:
+            out = subprocess.run(["scontrol", "-o", "show", "node", node], capture_output=True, text=True,
+                                 timeout=15, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        addr = node_addr(out)
+        if addr:
+            return addr
+    return socket.gethostname()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--service-ms", type=float, default=20.0, help="least time a replica takes per request")
     ap.add_argument("--matrix", type=int, default=64, help="the model's size (W is N x N)")
     ap.add_argument("--publish-s", type=float, default=2.0)
     ap.add_argument("--request-timeout-s", type=float, default=10.0)
-    ap.add_argument("--bind", default="0.0.0.0")
-    ap.add_argument("--advertise", default=os.environ.get("SLURM_ELASTIC_SERVE_HOST") or socket.gethostname(),
-                    help="the host name others reach this node by")
+    ap.add_argument("--bind", help="the address to listen on (default: SLURM_ELASTIC_SERVE_ADDR, else the "
+                    "node's NodeAddr in Slurm, else the host name)")
+    ap.add_argument("--advertise", default=os.environ.get("SLURM_ELASTIC_SERVE_HOST"),
+                    help="the address others reach this node by (default: the one it listens on)")
     ap.add_argument("--router-port", type=int, default=0, help="0: any free port (router.json says which)")
     ap.add_argument("--replica-port", type=int, default=0)
     ap.add_argument("--signal", default="USR1", help="the job's grace signal")
@@ -416,6 +451,10 @@ def main() -> None:
     if args.service_ms < 0 or args.matrix < 1 or args.publish_s <= 0 or args.request_timeout_s <= 0:
         ap.error("--service-ms >= 0, --matrix >= 1, --publish-s > 0 and --request-timeout-s > 0")
     args.signum = signal.Signals["SIG" + args.signal.upper().removeprefix("SIG")]
+    if args.bind is None:
+        args.bind = serve_address(os.environ)
+    if args.advertise is None:
+        args.advertise = args.bind if args.bind not in ("0.0.0.0", "::", "") else socket.gethostname()
     asyncio.run(amain(args))
     sys.exit(0)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from train_elastic import GRACE, _on_grace, before_resize, load, save
+from train_elastic import DEVICE, GRACE, _on_grace, before_resize, load, save, worker_device
 
 from slurm_elastic import resize
 from slurm_elastic.batchsize import GradNoiseEstimator
@@ -62,12 +62,13 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=100)
     args = ap.parse_args()
     signal.signal(signal.SIGUSR1, _on_grace)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    DEVICE[0] = device = worker_device()  # one worker per GPU (train_elastic.py)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rendezvous world_size={world} rank={rank} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')}",
           flush=True)
     torch.manual_seed(rank)
-    model = torch.nn.Linear(64, 1)
+    model = torch.nn.Linear(64, 1).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=BASE_LR)
     step = load(args.checkpoint, model, opt)
     plan = the_plan(rank, world, args.lr_rule)
@@ -89,8 +90,8 @@ def main() -> None:
         first: list[torch.Tensor] = []
         b, half = plan.local_batch, max(1, plan.local_batch // 2)
         for m in range(micro):
-            x = torch.randn(b, 64)
-            y = x.sum(dim=1, keepdim=True) + args.noise * torch.randn(b, 1)
+            x = torch.randn(b, 64, device=device)
+            y = x.sum(dim=1, keepdim=True) + args.noise * torch.randn(b, 1, device=device)
             # two backward passes per micro-batch: after the first half of the first one the gradient is that of
             # ``half`` samples (the small batch of the noise estimate; the all-reduced one is the big batch)
             for lo, hi in ((0, half), (half, b)):
@@ -101,7 +102,7 @@ def main() -> None:
                     first = [p.grad.detach() * (b * micro / half) for p in params if p.grad is not None]
             time.sleep(args.sample_seconds * b)  # the compute a real model would do
         computed = time.monotonic() - began
-        small = torch.tensor([sum(float(g.pow(2).sum()) for g in first)])
+        small = torch.tensor([sum(float(g.pow(2).sum()) for g in first)], device=device)
         for p in params:  # data-parallel: average gradients over the current world
             assert p.grad is not None
             dist.all_reduce(p.grad)
@@ -114,7 +115,8 @@ def main() -> None:
         step += 1
         compute_sum += computed
         step_sum += time.monotonic() - began
-        flags = torch.tensor([loss.item() * micro * 2, 1.0 if GRACE["requested"] or resize.resize_pending() else 0.0])
+        flags = torch.tensor([loss.item() * micro * 2, 1.0 if GRACE["requested"] or resize.resize_pending() else 0.0],
+                             device=device)
         dist.all_reduce(flags)
         if rank == 0:
             print(f"step={step} loss={flags[0].item() / world:.4f} world={world}", flush=True)

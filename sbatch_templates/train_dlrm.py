@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from slurm_elastic import resize
 from slurm_elastic.goodput import nodes_from_env, publish
 
 GRACE = {"requested": False}  # set by the signal handler, read at the next step boundary
+DEVICE = [torch.device("cpu")]  # this worker's device, set at start (worker_device)
 REPORT_EVERY = 20  # steps between two throughput reports (rank 0 only)
 
 
@@ -41,18 +43,41 @@ def save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) ->
 def load(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
     if not path.exists():
         return 0
-    state = torch.load(path, weights_only=True)
+    state = torch.load(path, weights_only=True, map_location=DEVICE[0])
     model.load_state_dict(state["model"])
     if "optimizer" in state:
         opt.load_state_dict(state["optimizer"])
     return int(state["step"])
 
 
+def worker_device() -> torch.device:
+    """This worker's GPU: torchrun starts one worker per GPU (the template's --nproc-per-node) and numbers them
+    LOCAL_RANK on each node; the CPU where torch sees no CUDA."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
+
+
 def agree(done: bool) -> bool:
     """All ranks leave the hold together; a peer whose node was taken makes this fail (restart)."""
-    flag = torch.tensor([1.0 if done else 0.0])
+    flag = torch.tensor([1.0 if done else 0.0], device=DEVICE[0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item() > 0)
+
+
+def hold(notice_id: str, rank: int) -> None:
+    """Hold until the resize restarts the group. On a shrink that is a failed collective: say so before torch's
+    traceback and torchrun's ``failed (exitcode: 1)``, which are how the restart looks."""
+    try:
+        resize.hold(notice_id, agree=agree)
+    except RuntimeError as e:  # gloo/NCCL: "Connection closed by peer", DistBackendError, ...
+        print(f"slurm-elastic: rank {rank}: a peer left during the hold ({type(e).__name__}): the resize took its "
+              "node; torchrun restarts the workers at the new size and they resume from the checkpoint. The "
+              "traceback and 'failed (exitcode: 1)' below are that restart, not a crash.", file=sys.stderr,
+              flush=True)
+        raise
 
 
 def before_resize(step: int, rank: int, checkpoint: Path, model: torch.nn.Module,
@@ -68,7 +93,7 @@ def before_resize(step: int, rank: int, checkpoint: Path, model: torch.nn.Module
         print(f"checkpoint saved at step {step} (resize){'; notice acknowledged' if acked else ''}", flush=True)
     GRACE["requested"] = False
     if box[0] is not None:
-        resize.hold(box[0], agree=agree)
+        hold(box[0], rank)
 
 
 class DLRM(nn.Module):
@@ -99,20 +124,21 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=200)
     args = ap.parse_args()
     signal.signal(signal.SIGUSR1, _on_grace)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    DEVICE[0] = device = worker_device()
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     print(f"rendezvous world_size={world} rank={rank} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')}",
           flush=True)
     torch.manual_seed(0)
-    model = DLRM(tables=args.tables, rows=args.rows)
+    model = DLRM(tables=args.tables, rows=args.rows).to(device)
     opt = torch.optim.Adagrad(model.parameters(), lr=0.01)
     step = load(args.checkpoint, model, opt)
     if rank == 0:
         print(f"resumed step={step} world={world}", flush=True)
     mark_step, mark_time = step, time.monotonic()
     while step < args.steps:
-        dense = torch.randn(args.batch, 13)
-        sparse = [torch.randint(0, args.rows, (args.batch, 4)) for _ in model.emb]
+        dense = torch.randn(args.batch, 13, device=device)
+        sparse = [torch.randint(0, args.rows, (args.batch, 4), device=device) for _ in model.emb]
         label = (dense[:, 0] > 0).float()
         loss = nn.functional.binary_cross_entropy_with_logits(model(dense, sparse).squeeze(1), label)
         opt.zero_grad()
@@ -124,7 +150,8 @@ def main() -> None:
         opt.step()
         step += 1
         # One collective for the log and the resize agreement: [loss sum, ranks that saw a signal or a notice]
-        stats = torch.tensor([loss.item(), 1.0 if GRACE["requested"] or resize.resize_pending() else 0.0])
+        stats = torch.tensor([loss.item(), 1.0 if GRACE["requested"] or resize.resize_pending() else 0.0],
+                             device=device)
         dist.all_reduce(stats)
         if rank == 0:
             print(f"step={step} loss={stats[0].item() / world:.4f} world={world}", flush=True)

@@ -19,9 +19,14 @@ launcher is the task and does:
 * **Pin the rendezvous store** (torchrun mode): only the agent on the leader's batch host
   (``SLURM_ELASTIC_RDZV_HOST_NODE``, set by the batch script) hosts the c10d store (``is_host=true``); every
   other agent is a client, even where all nodes share one hostname.
+* **Record how its task ended** (``SLURM_ELASTIC_TASKS_DIR``, set by the templates): running, released by a
+  shrink notice that names this node, or exited with a status; ``outcome`` turns the records and srun's status
+  into the job's exit status, so a task killed because a shrink released its node is no failure
+  (:mod:`slurm_elastic.taskexit`).
 
 Usage (one task per node): ``srun python3 -m slurm_elastic.launch torchrun <torchrun arguments>`` or
-``srun python3 -m slurm_elastic.launch exec <program> [args]``.
+``srun python3 -m slurm_elastic.launch exec <program> [args]``; then, in the batch script,
+``python3 -m slurm_elastic.launch outcome "$srun_status"`` as its last command.
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from slurm_elastic import prewarm, resize
+from slurm_elastic import prewarm, resize, taskexit
 
 NOTICE_POLL_S = 0.5
 
@@ -84,14 +89,20 @@ def install_forwarding(signum: int) -> None:
     signal.signal(signum, handler)
 
 
-def watch_notices(signum: int, path: str | None, stop: threading.Event) -> threading.Thread:
-    """Forward each new, unacknowledged notice as ``signum`` (once per notice id)."""
+def watch_notices(signum: int, path: str | None, stop: threading.Event,
+                  follow: Callable[[resize.Notice | None], None] | None = None) -> threading.Thread:
+    """Forward each new, unacknowledged notice as ``signum`` (once per notice id); ``follow`` sees the notice
+    written (acknowledged or not) at every poll."""
     def run() -> None:
         seen: set[str] = set()
         first = resize.notice(path)
         if first is not None:  # already there when this launcher started: the workers read it themselves
             seen.add(first.id)
-        while not stop.wait(NOTICE_POLL_S):
+        while True:
+            if follow is not None:
+                follow(resize.read_notice(path))
+            if stop.wait(NOTICE_POLL_S):
+                return
             n = resize.notice(path)
             if n is not None and n.id not in seen:
                 seen.add(n.id)
@@ -155,33 +166,80 @@ def gate() -> bool:
     return True
 
 
+def notice_follower(rec: taskexit.Recorder | None) -> Callable[[resize.Notice | None], None] | None:
+    """Keeps the task's record marked released while a shrink notice names its node."""
+    if rec is None:
+        return None
+    marked: list[str | None] = [None]
+
+    def follow(n: resize.Notice | None) -> None:
+        marked[0] = rec.follow(n, marked[0])
+    return follow
+
+
+def outcome(args: Sequence[str]) -> int:
+    """``outcome SRUN_STATUS``: the job's exit status (:func:`slurm_elastic.taskexit.job_status`), said on
+    stderr when it is not simply srun's 0."""
+    try:
+        srun_status = int(args[0])
+    except (IndexError, ValueError):
+        print("usage: python -m slurm_elastic.launch outcome SRUN_STATUS", file=sys.stderr)
+        return 2
+    records = taskexit.read_records(os.environ.get(taskexit.ENV_DIR))
+    status, why = taskexit.job_status(srun_status, records, resize.read_notice())
+    if why:
+        print(f"slurm-elastic: {why}; the job exits {status}", file=sys.stderr, flush=True)
+    return status
+
+
+def run_torchrun(rest: Sequence[str]) -> int:
+    torchrun = importlib.import_module("torch.distributed.run")  # only in this mode: torch is the job's own
+    sys.argv = ["torchrun", *rdzv_args(rest, os.environ)]
+    try:
+        torchrun.main()
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception:  # torchrun raises ChildFailedError when its workers failed: print it, exit 1
+        import traceback
+
+        traceback.print_exc()
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["outcome"]:
+        return outcome(args[1:])
     signum = signal.SIGUSR1
     if len(args) >= 2 and args[0] == "--signal":
         signum = signal.Signals["SIG" + args[1].upper().removeprefix("SIG")]
         args = args[2:]
     if not args or args[0] not in ("torchrun", "exec") or (args[0] == "exec" and len(args) < 2):
-        print("usage: python -m slurm_elastic.launch [--signal USR1] torchrun ARGS... | exec PROGRAM [ARGS...]",
-              file=sys.stderr)
+        print("usage: python -m slurm_elastic.launch [--signal USR1] torchrun ARGS... | exec PROGRAM [ARGS...]"
+              " | outcome SRUN_STATUS", file=sys.stderr)
         return 2
     mode, rest = args[0], args[1:]
     install_forwarding(signum)
-    if not gate():
-        return PREWARM_FAILED_RC
+    rec = taskexit.Recorder.from_env(os.environ)
+    if rec is not None:
+        rec.write("running")
+    rc = 1  # what the record says if something below raises
     stop = threading.Event()
-    watch_notices(signum, None, stop)
-    if mode == "exec":
-        proc = subprocess.Popen(rest)
-        while True:
-            try:
-                return proc.wait()
-            except InterruptedError:  # pragma: no cover - PEP 475 retries; kept for clarity
-                continue
-    torchrun = importlib.import_module("torch.distributed.run")  # only in this mode: torch is the job's own
-    sys.argv = ["torchrun", *rdzv_args(rest, os.environ)]
-    torchrun.main()
-    return 0
+    watcher: threading.Thread | None = None
+    try:
+        if not gate():
+            rc = PREWARM_FAILED_RC
+            return rc
+        watcher = watch_notices(signum, None, stop, notice_follower(rec))
+        rc = subprocess.Popen(rest).wait() if mode == "exec" else run_torchrun(rest)
+        return rc
+    finally:
+        stop.set()
+        if watcher is not None:  # its last mark must not overwrite the exit
+            watcher.join(timeout=5)
+        if rec is not None:
+            rec.write("exited", rc=rc)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ Standard library only and free of side effects on import, like :mod:`slurm_elast
 * Before every resize (a shrink's grace period, and before an extension job's workers join), the controller
   writes a **notice** ``<working dir>/.slurm-elastic/resize-<leader id>.json`` (``SLURM_ELASTIC_RESIZE_FILE``
   overrides the path): ``{"id", "kind": "grow"|"shrink", "time", "deadline", "hold_until", "from", "to"}``,
-  times in Unix seconds. It also sends the job's grace signal, which the templates' launcher forwards to the
-  workers.
+  times in Unix seconds; a shrink's also ``"release"``: the nodes it takes away (Slurm kills the job's tasks
+  there, which the templates do not count as a failure: :mod:`slurm_elastic.taskexit`). It also sends the
+  job's grace signal, which the templates' launcher forwards to the workers.
 * A worker that sees :func:`resize_pending` saves a checkpoint, then rank 0 calls :func:`acknowledge`, which
   writes ``resize-<leader id>.ack`` (``{"id", "time"[, "step"]}``). The controller takes the nodes as soon as it
   sees the acknowledgement (at the deadline at the latest); an extension job starts its workers once it is
@@ -47,11 +48,20 @@ class Notice:
     hold_until: float  # acknowledged workers train on after this if nothing restarted them
     from_nodes: int = 0
     to_nodes: int = 0
+    release: tuple[str, ...] = ()  # a shrink's nodes that go (the job's tasks there are killed, not failed)
 
     def render(self) -> str:
         d = asdict(self)
         d["from"], d["to"] = d.pop("from_nodes"), d.pop("to_nodes")
+        if not self.release:
+            del d["release"]
+        else:
+            d["release"] = list(self.release)
         return json.dumps(d, separators=(",", ":")) + "\n"
+
+    def releases(self, node: str | None) -> bool:
+        """True when this is a shrink that takes ``node`` away."""
+        return self.kind == "shrink" and bool(node) and node in self.release
 
 
 @dataclass(frozen=True)
@@ -82,14 +92,16 @@ def default_path() -> str | None:
 
 
 def make_notice(kind: str, grace_s: float, *, now: float | None = None, from_nodes: int = 0, to_nodes: int = 0,
-                notice_id: str | None = None, hold_slack_s: float = HOLD_SLACK_S) -> Notice:
+                notice_id: str | None = None, hold_slack_s: float = HOLD_SLACK_S,
+                release: tuple[str, ...] = ()) -> Notice:
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
     if not math.isfinite(grace_s) or grace_s < 0:
         raise ValueError("grace_s must be finite and >= 0")
     t = time.time() if now is None else now
     return Notice(id=notice_id or uuid.uuid4().hex, kind=kind, time=round(t, 3), deadline=round(t + grace_s, 3),
-                  hold_until=round(t + grace_s + hold_slack_s, 3), from_nodes=from_nodes, to_nodes=to_nodes)
+                  hold_until=round(t + grace_s + hold_slack_s, 3), from_nodes=from_nodes, to_nodes=to_nodes,
+                  release=tuple(release))
 
 
 def _number(v: object) -> float | None:
@@ -111,9 +123,11 @@ def parse_notice(text: str) -> Notice | None:
         return None
     sizes = [d.get(k) for k in ("from", "to")]
     from_nodes, to_nodes = (int(s) if isinstance(s, int) and not isinstance(s, bool) else 0 for s in sizes)
+    nodes = d.get("release")
+    release = tuple(n for n in nodes if isinstance(n, str) and n) if isinstance(nodes, list) else ()
     return Notice(id=d["id"], kind=d["kind"], time=t, deadline=deadline,
                   hold_until=hold if hold is not None else deadline + HOLD_SLACK_S,
-                  from_nodes=from_nodes, to_nodes=to_nodes)
+                  from_nodes=from_nodes, to_nodes=to_nodes, release=release)
 
 
 def parse_ack(text: str) -> Ack | None:

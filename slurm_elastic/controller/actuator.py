@@ -199,7 +199,7 @@ class Actuator:
         if d.grace_s > 0:  # the notice's id is the action's key: finish_shrink looks for its acknowledgement
             notice_note = self._post_notice(job, d.unit_id, make_notice(
                 "shrink", d.grace_s, now=now.timestamp(), from_nodes=d.current_nodes, to_nodes=d.target_nodes,
-                notice_id=key))
+                notice_id=key, release=tuple(plan.released_nodes)))
         outcome = f"nodes go after {d.grace_s}s or at the acknowledgement{notice_note}" if d.grace_s > 0 \
             else "no grace period"
         if d.signal and d.grace_s > 0:

@@ -54,6 +54,7 @@ from slurm_elastic.policy import (
 from slurm_elastic.policy.holds import LOOKBACK_S as BACKOFF_LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, UnitMeasure
 from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd, ServingLoad
+from slurm_elastic.policy.wording import ago
 from slurm_elastic.slurm.adapter import PowerConfigReader
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot
@@ -217,7 +218,8 @@ class Controller:
         now = self.clock()
         age = snap.age_seconds(now)
         if age > self.cfg.max_snapshot_age_s:
-            summary.skipped = f"snapshot {age:.0f}s old > max {self.cfg.max_snapshot_age_s:.0f}s"
+            limit = self.cfg.max_snapshot_age_s
+            summary.skipped = f"snapshot {ago(age, limit)} old > max {limit:.0f}s"
             log.warning("not acting: %s", summary.skipped)
             return
         ctx = CycleContext(cycle_id=summary.cycle_id or 0, token=token, now=now)

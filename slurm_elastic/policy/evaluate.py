@@ -18,11 +18,12 @@ from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.policy.serving import serving_call
 from slurm_elastic.policy.signals import restart_gain_s, scaling, utilization_gate
 from slurm_elastic.policy.speedup import efficiency_of, grow_gain, model_speedup, speedup_from_efficiency
+from slurm_elastic.policy.wording import ago, pct, vs
 from slurm_elastic.policy.work import Context, UnitWork
 
 
-def _pct(value: float) -> str:
-    return f"{value:.0f}%"
+def _pct(value: float, threshold: float | None = None) -> str:
+    return pct(value, threshold)  # 39.6% against 40%, never "40% < 40%"
 
 
 def evaluate(unit: ElasticUnit, ctx: Context) -> UnitWork:
@@ -101,7 +102,8 @@ def _tail(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
 
 def tail_text(w: UnitWork) -> str:
     return (f"shrunk {w.inputs['shrunk_s']:.0f}s of its {w.inputs['life_s']:.0f}s life "
-            f"({float(w.inputs['shrunk_share'] or 0) * 100:.0f}% > max_shrunk_share {w.inputs['max_shrunk_share']}%)")
+            f"({pct(float(w.inputs['shrunk_share'] or 0) * 100, float(w.inputs['max_shrunk_share'] or 0))} > "
+            f"max_shrunk_share {w.inputs['max_shrunk_share']}%)")
 
 
 def admit_floor(unit: ElasticUnit, keep_percent: int) -> int:
@@ -129,7 +131,8 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
     age = (now - job.start_time).total_seconds()
     if age < s.startup_protection_s:
         w.inputs["running_s"] = round(age, 1)
-        w.hold(Reason.STARTUP, f"started {age:.0f}s ago < startup_protection_s {s.startup_protection_s}s")
+        w.hold(Reason.STARTUP,
+               f"started {ago(age, s.startup_protection_s)} ago < startup_protection_s {s.startup_protection_s}s")
         return
     if spec.serving:
         _serving(w, s, ctx)
@@ -141,7 +144,8 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
             w.inputs["since_resize_s"] = round(since, 1)
             w.inputs["cooldown_s.source"] = s.source("cooldown_s")
             w.hold(Reason.COOLDOWN,
-                   f"last resize {since:.0f}s ago < cooldown_s {s.cooldown_s}s ({s.source('cooldown_s')})")
+                   f"last resize {ago(since, s.cooldown_s)} ago < cooldown_s {s.cooldown_s}s "
+                   f"({s.source('cooldown_s')})")
             return
     if current > unit.max_nodes:
         if not spec.shrink:
@@ -196,19 +200,19 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
                     floor = max(unit.min_nodes, sc.prev_nodes or unit.min_nodes, current - s.step)
                     w.intend(Action.SHRINK, Reason.LOW_MARGINAL_EFFICIENCY,
                              f"growing from {sc.prev_nodes} to {current} nodes gave marginal efficiency "
-                             f"{sc.last_step:.2f} < {thr:.2f}; shrink back", Basis.THROUGHPUT, current - floor)
+                             f"{vs(sc.last_step, thr, 2)} < {thr:.2f}; shrink back", Basis.THROUGHPUT, current - floor)
                     return
             if mean > s.scale_up_above and sc.next_step is not None:
                 kind = "measured" if sc.next_measured else "predicted"
                 if sc.next_step < thr:
                     w.hold(Reason.LOW_MARGINAL_EFFICIENCY,
-                           f"mean util {_pct(mean)} > {s.scale_up_above}% but {kind} marginal efficiency of the "
-                           f"next step {sc.next_step:.2f} < {thr:.2f}", Basis.THROUGHPUT)
+                           f"mean util {_pct(mean, s.scale_up_above)} > {s.scale_up_above}% but {kind} marginal "
+                           f"efficiency of the next step {vs(sc.next_step, thr, 2)} < {thr:.2f}", Basis.THROUGHPUT)
                     return
                 efficiency = sc.next_step
                 _grow_checks(w, s, ctx, util=util, reason=Reason.OVERUTILIZED,
-                             msg=f"mean util {_pct(mean)} > {s.scale_up_above}% {over}, {kind} marginal "
-                             f"efficiency {sc.next_step:.2f} >= {thr:.2f}", basis=Basis.THROUGHPUT,
+                             msg=f"mean util {_pct(mean, s.scale_up_above)} > {s.scale_up_above}% {over}, {kind} "
+                             f"marginal efficiency {vs(sc.next_step, thr, 2)} >= {thr:.2f}", basis=Basis.THROUGHPUT,
                              want=min(s.step, unit.max_nodes - current), efficiency=efficiency)
                 return
 
@@ -218,13 +222,13 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
         w.tail_regrow = True
         _grow_checks(w, s, ctx, util=util, reason=Reason.SHRUNK_TOO_LONG,
                      msg=f"{tail_text(w)}: back to its requested {requested} node(s) first, mean util "
-                     f"{_pct(mean)} >= {s.scale_down_below}%", basis=Basis.UTILIZATION,
+                     f"{_pct(mean, s.scale_down_below)} >= {s.scale_down_below}%", basis=Basis.UTILIZATION,
                      want=min(requested, unit.max_nodes) - current, efficiency=efficiency)
         if w.action is not Action.GROW:
             w.tail_regrow = False
         return
     if mean < s.scale_down_below:
-        msg = f"mean util {_pct(mean)} < {s.scale_down_below}% {over}"
+        msg = f"mean util {_pct(mean, s.scale_down_below)} < {s.scale_down_below}% {over}"
         if not spec.shrink:
             w.hold(Reason.SHRINK_DISABLED, f"{msg}, but --no-shrink", Basis.UTILIZATION)
         elif current <= unit.min_nodes:
@@ -238,7 +242,8 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
         return
     if mean > s.scale_up_above:
         _grow_checks(w, s, ctx, util=util, reason=Reason.OVERUTILIZED,
-                     msg=f"mean util {_pct(mean)} > {s.scale_up_above}% {over}", basis=Basis.UTILIZATION,
+                     msg=f"mean util {_pct(mean, s.scale_up_above)} > {s.scale_up_above}% {over}",
+                     basis=Basis.UTILIZATION,
                      want=min(s.step, unit.max_nodes - current), efficiency=efficiency)
         return
     w.hold(Reason.IN_BAND, f"mean util {_pct(mean)} within {s.scale_down_below}%..{s.scale_up_above}% {over}",
@@ -307,7 +312,7 @@ def _speedup(w: UnitWork, s: UnitSettings, ctx: Context, util: JobUtilization, *
     what = (f"+{add} node(s) to {current}: speedup {speedup:.3f} ({source}, mean util {_pct(mean)} {over}), "
             f"marginal efficiency {eff:.2f}, saves {gain.gain_s:.0f}s net of a {cost:.0f}s restart ({left})")
     if eff < thr or not gain.pays:
-        why = f"efficiency {eff:.2f} < {thr:.2f}" if eff < thr else f"saving {gain.gain_s:.0f}s <= 0"
+        why = f"efficiency {vs(eff, thr, 2)} < {thr:.2f}" if eff < thr else f"saving {vs(gain.gain_s, 0)}s <= 0"
         w.hold(Reason.LOW_SPEEDUP_GAIN, f"{what}: {why}", basis)
         return
     w.gain_s = gain.gain_s if gain.gain_s != float("inf") else 1e18 * speedup

@@ -25,6 +25,7 @@ from types import MappingProxyType
 
 from slurm_elastic.policy.model import ActionInProgress, Decision, ExtensionEnd, PolicyInput, Scalar
 from slurm_elastic.policy.reasons import Action, Reason
+from slurm_elastic.policy.wording import ago
 
 SHORT_LIFE_S = 600.0  # an extension that ends sooner than this after submission died on its own
 LOOKBACK_S = 3600.0  # such ends count for this long
@@ -77,7 +78,7 @@ def hold_blocked(decisions: list[Decision], inp: PolicyInput, now: datetime) -> 
         elif (a := busy.get(d.unit_id)) is not None:
             since = (now - a.since).total_seconds()
             out.append(_held(d, Reason.ACTION_IN_PROGRESS,
-                             f"its {a.kind} decided {since:.0f}s ago is not finished",
+                             f"its {a.kind} decided {ago(since)} ago is not finished",
                              {"in_progress": a.kind, "in_progress_since": a.since.isoformat()}))
         elif d.action is Action.GROW and (b := grow_backoff(ends.get(d.unit_id, ()), now)) is not None:
             last = b.failures[0]

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from slurm_elastic.policy.config import UnitSettings
 from slurm_elastic.policy.model import ElasticUnit, Scalar, ServingLoad, ServingPoint
 from slurm_elastic.policy.reasons import Action, Reason
+from slurm_elastic.policy.wording import ago
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,8 @@ def serving_call(
     inputs["metric_age_s"] = round(age, 1)
     if age > s.max_metric_age_s:
         return ServingCall(Action.HOLD, Reason.STALE_METRICS,
-                           f"last serving point is {age:.0f}s old > max_metric_age_s {s.max_metric_age_s}s", 0,
-                           inputs)
+                           f"last serving point is {ago(age, s.max_metric_age_s)} old > max_metric_age_s "
+                           f"{s.max_metric_age_s}s", 0, inputs)
     short = _window(points, now - timedelta(seconds=s.serving_up_window_s))
     p99 = _worst_p99(short)
     rps = max(p.requests_per_s for p in short) if short else 0.0
@@ -123,7 +124,7 @@ def serving_call(
             if since < cold:
                 inputs["since_grow_s"] = round(since, 1)
                 return ServingCall(Action.HOLD, Reason.REPLICA_WARMING,
-                                   f"{msg}, but replicas added {since:.0f}s ago are still starting "
+                                   f"{msg}, but replicas added {ago(since, cold)} ago are still starting "
                                    f"(cold start {cold:.0f}s)", 0, inputs)
         return ServingCall(Action.GROW, Reason.SLO_AT_RISK, msg, want, inputs)
 
@@ -147,7 +148,8 @@ def serving_call(
         since = (now - last_resize).total_seconds()
         if since < s.serving_down_cooldown_s:
             return ServingCall(Action.HOLD, Reason.SLO_MET,
-                               f"{met}: objective met; last resize {since:.0f}s ago < serving_down_cooldown_s "
+                               f"{met}: objective met; last resize {ago(since, s.serving_down_cooldown_s)} ago < "
+                               f"serving_down_cooldown_s "
                                f"{s.serving_down_cooldown_s}s", 0, inputs)
     long_start = now - timedelta(seconds=s.serving_down_window_s)
     long = _window(points, long_start)

@@ -13,6 +13,7 @@ from datetime import datetime
 from slurm_elastic.policy.config import UnitSettings
 from slurm_elastic.policy.model import JobUtilization, ThroughputSample
 from slurm_elastic.policy.reasons import Reason
+from slurm_elastic.policy.wording import ago
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,13 @@ def utilization_gate(util: JobUtilization | None, s: UnitSettings, now: datetime
     age = (now - util.last_sample_at).total_seconds()
     if age > s.max_metric_age_s:
         return MetricsGate(
-            Reason.STALE_METRICS, f"last sample {age:.0f}s old > max_metric_age_s {s.max_metric_age_s}s"
+            Reason.STALE_METRICS,
+            f"last sample {ago(age, s.max_metric_age_s)} old > max_metric_age_s {s.max_metric_age_s}s",
         )
     if util.window_s < s.window_s:
         return MetricsGate(
             Reason.WINDOW_NOT_FILLED,
-            f"samples cover {util.window_s:.0f}s < window {s.window_s}s ({util.samples} samples)",
+            f"samples cover {ago(util.window_s, s.window_s)} < window {s.window_s}s ({util.samples} samples)",
         )
     if util.samples < s.min_samples:
         return MetricsGate(

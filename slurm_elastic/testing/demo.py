@@ -352,7 +352,16 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=300)
     ap.add_argument("--serving", action="store_true",
                     help="a service scaling with a daily load curve next to a training job (docs/serving.md)")
+    ap.add_argument("--try", dest="trial", choices=["minimal", "torchrun", "dlrm"],
+                    help="one template with trial timings and a GPU load you set (slurm_elastic/testing/trial.py)")
+    ap.add_argument("--nodes", type=int, default=2, help="--try: the job's nodes at the start")
+    ap.add_argument("--util", type=int, default=60, help="--try: the GPU load at the start (%%)")
     args = ap.parse_args()
+    if args.trial:
+        from slurm_elastic.testing.trial import run
+
+        return run(args.cluster_dir, args.trial, args.nodes, args.util,
+                   args.duration if "--duration" in sys.argv else 3600)
     if args.serving:
         return run_serving(args)
     demo = Demo(args.cluster_dir, args.duration)

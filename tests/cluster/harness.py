@@ -119,8 +119,8 @@ class TestCluster:
             state = rec.get("job_state")
             return str(state[0] if isinstance(state, list) else state)
         cp = self.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"])
-        line = cp.stdout.strip().splitlines()
-        return line[0].split()[0] if line else "UNKNOWN"
+        lines = cp.stdout.strip().splitlines()  # a resized job's earlier records are RESIZING: the last one counts
+        return lines[-1].split()[0] if lines else "UNKNOWN"
 
     def wait_state(self, job_id: int, states: Iterable[str], timeout: float = 60) -> str:
         wanted = set(states)

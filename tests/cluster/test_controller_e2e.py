@@ -207,7 +207,9 @@ def torchrun_test_script(cluster: TestCluster) -> str:
     load = (f"export PYTHONPATH={REPO} SLURM_ELASTIC_VGPU_DIR={cluster.root / 'vgpu'}\n"
             f"srun --overlap --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} "
             "-m slurm_elastic.testing.vgpu.workload --util 90 --mem-mib 500 &")
-    return "\n".join([*head, DIRECTIVES, "export SLURM_ELASTIC_MIN_NODES=1 SLURM_ELASTIC_MAX_NODES=3", load,
+    # torch runs on the CPU here: one worker per node, not one per (virtual) GPU
+    return "\n".join([*head, DIRECTIVES, "export SLURM_ELASTIC_MIN_NODES=1 SLURM_ELASTIC_MAX_NODES=3",
+                      "export SLURM_ELASTIC_NPROC_PER_NODE=1", load,
                       *body]) + "\n"
 
 

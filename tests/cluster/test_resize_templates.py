@@ -49,7 +49,8 @@ def template_script(name: str, cluster: TestCluster, util_file: Path) -> str:
             f"srun --overlap --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c \"trap '' USR1; exec {JOB_PYTHON} "
             f"-m slurm_elastic.testing.vgpu.workload --util 60 --util-file {util_file} --mem-mib 500\" &")
     head = lines.index("set -u")
-    return "\n".join([*lines[:head], DIRECTIVES, *lines[head:at], load, *lines[at:]]) + "\n"
+    cpu = "export SLURM_ELASTIC_NPROC_PER_NODE=1  # torch runs on the CPU here: one worker per node, not per GPU"
+    return "\n".join([*lines[:head], DIRECTIVES, cpu, *lines[head:at], load, *lines[at:]]) + "\n"
 
 
 def training_log(path: Path) -> tuple[list[tuple[int, str]], list[int]]:

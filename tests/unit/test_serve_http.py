@@ -130,3 +130,28 @@ def test_router_acknowledges_a_grow_and_drains_what_a_shrink_releases_without_lo
     assert busy and all(r["p99_ms"] >= r["p50_ms"] >= 5.0 for r in busy)  # no answer faster than the model
     assert {r["replicas"] for r in reports} >= {3, 2}  # 3 taking requests, then 2 while 101-n3 drained
     assert "retrying elsewhere" not in router_log.read_text()  # the drain, not a retry, kept requests whole
+
+
+@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
+def test_the_service_takes_the_nodes_address_in_slurm(release: str) -> None:
+    """NodeAddr of `scontrol -o show node` (recorded on each release's test cluster), not NodeHostName or the
+    node's name: the address Slurm reaches the node by."""
+    lines = (REPO / "tests" / "fixtures" / "slurm" / release / "recorded" / "scontrol-nodes.txt").read_text()
+    n2 = next(ln for ln in lines.splitlines() if ln.startswith("NodeName=n2 "))
+    assert "NodeHostName=vm" in n2
+    assert serve_http.node_addr(n2) == "127.0.0.1"
+    assert serve_http.node_addr("NodeName=n9 State=UNKNOWN") is None
+
+
+def test_a_configured_address_wins_and_the_host_name_is_the_last_resort(tmp_path: Path) -> None:
+    import socket
+
+    assert serve_http.serve_address({"SLURM_ELASTIC_SERVE_ADDR": "10.1.2.3", "SLURMD_NODENAME": "n1"}) == "10.1.2.3"
+    assert serve_http.serve_address({"SLURM_ELASTIC_SERVE_ADDR": "{node}-ib", "SLURMD_NODENAME": "n7"}) == "n7-ib"
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = str(tmp_path)  # no scontrol: Slurm cannot be asked
+    try:
+        assert serve_http.serve_address({"SLURMD_NODENAME": "n1"}) == socket.gethostname()
+    finally:
+        os.environ["PATH"] = old
+    assert serve_http.serve_address({}) == socket.gethostname()

@@ -105,3 +105,39 @@ def test_serving_template_publishes_where_the_controller_reads_and_is_a_serving_
     assert [s.serving for s in parse_script(text).specs] == [True]
     source = (TEMPLATES[0].parent / "serve_http.py").read_text()
     assert "serving.publish(" in source and "resize.acknowledge()" in source
+
+
+@pytest.mark.parametrize("name", ["torchrun_elastic.sbatch", "dlrm_embedding.sbatch"])
+@pytest.mark.parametrize(("env", "workers"), [
+    ({"SLURM_GPUS_ON_NODE": "4", "CUDA_VISIBLE_DEVICES": "0,1,2,3"}, "4"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, "2"),  # no SLURM_GPUS_ON_NODE (an older Slurm): the devices it sees
+    ({}, "1"),  # no GPUs
+    ({"SLURM_GPUS_ON_NODE": "0"}, "1"),
+    ({"SLURM_GPUS_ON_NODE": "4", "SLURM_ELASTIC_NPROC_PER_NODE": "1"}, "1"),  # the user's override
+])
+def test_torch_templates_start_one_worker_per_gpu(name: str, env: dict[str, str], workers: str,
+                                                 tmp_path: Path) -> None:
+    """--nproc-per-node is the number of GPUs Slurm gave the node (the template's own lines, run by bash)."""
+    import os
+    import subprocess
+
+    text = (TEMPLATES[0].parent / name).read_text()
+    assert '--nproc-per-node="$nproc"' in text and "--nproc-per-node=1" not in text
+    lines = text.splitlines()
+    first = lines.index("gpus=${SLURM_GPUS_ON_NODE:-}")
+    last = next(i for i, ln in enumerate(lines) if ln.startswith('[ "$nproc" -ge 1 ]'))
+    script = tmp_path / "nproc.sh"
+    script.write_text("set -u\n" + "\n".join(lines[first:last + 1]) + '\necho "$nproc"\n')
+    clean = {k: v for k, v in os.environ.items()
+             if k not in {"SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES", "SLURM_ELASTIC_NPROC_PER_NODE"}}
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True, env={**clean, **env})
+    assert out.stdout.strip() == workers
+    assert "SLURM_ELASTIC_NPROC_PER_NODE" in text.split("> \"$state/env-$leader.sh\"")[0]  # extension jobs too
+
+
+def test_the_templates_end_with_the_jobs_outcome() -> None:
+    """srun's status goes through `launch outcome`: a task killed by a shrink is no failure (taskexit.py)."""
+    for path in TEMPLATES:
+        text = path.read_text()
+        assert text.rstrip().endswith('python3 -m slurm_elastic.launch outcome "$rc"'), path.name
+        assert "export SLURM_ELASTIC_TASKS_DIR=$state/tasks-$SLURM_JOB_ID" in text, path.name
