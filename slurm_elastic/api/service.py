@@ -190,7 +190,8 @@ class Service:
         records = self.store.decisions.last_decisions(job_id, n)
         decisions = [decision_dict(d) for d in records]
         pause = self.store.pauses.active_pause(job_id, rec.partition)
-        return {"job": job_id, "user": rec.user, "account": rec.account, "partition": rec.partition, "qos": rec.qos,
+        return {"grow_backoff": self._grow_backoff(job_id),
+                "job": job_id, "user": rec.user, "account": rec.account, "partition": rec.partition, "qos": rec.qos,
                 "state": rec.state, "nodes": _nodes_now(rec),
                 "directives": rec.spec, "directives_source": str(rec.spec_source), "directives_error": rec.spec_error,
                 "policy_source": source, "profile_now": cfg.active_profile, "settings": settings,
@@ -198,6 +199,18 @@ class Service:
                 "hold": standing_hold(records[0] if records else None, self.store.decisions.last_cycle()),
                 "paused_by": None if pause is None else {"scope": str(pause.scope), "target": pause.target,
                                                          "who": pause.who, "reason": pause.reason}}
+
+    def _grow_backoff(self, job_id: int) -> dict[str, Any] | None:
+        """The job's grow back-off now (controller/backoff.py), as the next cycle's policy sees it."""
+        from slurm_elastic.controller.backoff import unit_backoff
+        from slurm_elastic.policy.holds import backoff_until, describe
+
+        b = unit_backoff(self.store, job_id, self.clock())
+        if b is None:
+            return None
+        return {"until": backoff_until(b).isoformat(), "wait_s": b.wait_s, "left_s": round(b.left_s, 1),
+                "failed_grows": len(b.failures), "last": describe(b.failures[0]),
+                "last_at": b.failures[0].ended_at.isoformat()}
 
     def op_usage(self, caller: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
         """Elastic jobs of a window for ``report`` (:mod:`slurm_elastic.api.usage`); users get their own."""

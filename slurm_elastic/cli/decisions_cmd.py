@@ -129,6 +129,9 @@ def explain_cmd(*, url: str | None, socket_: str | None, job_id: int, last: int,
     if h := r.get("hold"):  # holds are stored when they change, and every hold_heartbeat_s while unchanged
         head.append(("hold", f"{h['reason']} unchanged since {_time(h['since'])}, last stored {_time(h['recorded'])}"
                      + (f", last cycle {_time(h['last_cycle'])}" if h["last_cycle"] else "")))
+    if b := r.get("grow_backoff"):  # failed grows: no grow before this (policy/holds.py, GROW_BACKOFF)
+        head.append(("grow_backoff", f"until {_time(b['until'])} ({b['failed_grows']} failed grow(s) in the last "
+                                     f"hour, last {_time(b['last_at'])}: {b['last']})"))
     if r["paused_by"]:
         p = r["paused_by"]
         head.append(("paused", f"{p['scope']} {p['target']} by {p['who']} {p['reason']}".strip()))

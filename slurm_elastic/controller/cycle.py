@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 
 from slurm_elastic.controller.actuator import Actuator, CycleContext
 from slurm_elastic.controller.admits import AdmitFollower
+from slurm_elastic.controller.backoff import extension_ends
 from slurm_elastic.controller.coldstart import ColdStarts
 from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
@@ -51,7 +52,6 @@ from slurm_elastic.policy import (
     decide,
     parse_config,
 )
-from slurm_elastic.policy.holds import LOOKBACK_S as BACKOFF_LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, UnitMeasure
 from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd, ServingLoad
 from slurm_elastic.slurm.adapter import PowerConfigReader
@@ -230,7 +230,8 @@ class Controller:
         self._observe_jobs(built.units, built.sources, built.not_elastic, snap, known)
         resume_timeout = self._resume_timeout()
         for failed in self.power.handle(summary.cycle_id or 0, units, snap, now, cancel=self._cancel,
-                                        resume_timeout_s=resume_timeout, dry_run=self.cfg.dry_run, fencing=token):
+                                        resume_timeout_s=resume_timeout, dry_run=self.cfg.dry_run, fencing=token,
+                                        backoff_s=self.policy.power_resume_backoff_s):
             if self.metrics is not None:
                 self.metrics.decisions.labels(failed.action, failed.reason).inc()
             self.holds.forget(failed.job_id)
@@ -433,10 +434,8 @@ class Controller:
             return None
 
     def _extension_ends(self, now: datetime) -> list[ExtensionEnd]:
-        """The extension jobs that ended within the grow back-off's look-back (policy/holds.py)."""
-        since = now - timedelta(seconds=BACKOFF_LOOKBACK_S)
-        return [ExtensionEnd(e.parent_job_id, e.job_id, e.state, e.created_at, e.ended_at)
-                for e in self.store.jobs.extensions(active_only=False, ended_since=since) if e.ended_at is not None]
+        """The grows that ended within the grow back-off's look-back, failed ones marked (controller/backoff.py)."""
+        return extension_ends(self.store, now)
 
     def _history(self, actions: Sequence[ActionRecord], units: Mapping[int, ElasticUnit]) -> tuple[ResizeRecord, ...]:
         """The units' resizes among ``actions`` (the journal of the last day) as the policy's history."""

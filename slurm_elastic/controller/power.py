@@ -26,7 +26,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from slurm_elastic.controller.backoff import backoff_after, backoff_note, backoff_text
 from slurm_elastic.policy import Action, ElasticUnit, PowerState, Reason
+from slurm_elastic.policy.holds import Backoff
+from slurm_elastic.policy.model import ExtensionEnd
 from slurm_elastic.slurm.model import ClusterSnapshot, Node
 from slurm_elastic.store.protocols import ControllerStore
 from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, FencingToken, NewDecision
@@ -108,18 +111,28 @@ def find_resume_failures(units: Mapping[int, ElasticUnit], records: Iterable[Ext
     return out
 
 
-def failure_decision(unit: ElasticUnit, f: ResumeFailure, resume_timeout_s: float | None) -> NewDecision:
-    """The RESUME_FAILED hold for ``f``: the unit stays at its size; inputs name what failed. Pure."""
+def failure_decision(unit: ElasticUnit, f: ResumeFailure, resume_timeout_s: float | None, *,
+                     cancelled: bool, backoff_s: int | None = None, now: datetime | None = None,
+                     backoff: Backoff | None = None) -> NewDecision:
+    """The RESUME_FAILED hold for ``f``: the unit stays at its size; inputs name what failed and who ended the
+    extension (``cancelled``: the controller; else Slurm, in ``slurm_state``). Pure."""
     bound = f"ResumeTimeout {resume_timeout_s:.0f}s" if resume_timeout_s is not None else "ResumeTimeout"
     size = unit.current_nodes
+    ended = ("extension job cancelled by the controller" if cancelled
+             else f"extension job ended by Slurm ({f.slurm_state})")
+    until = (now + timedelta(seconds=backoff_s)) if backoff_s and now is not None else None
+    nodes_note = (f"not grown onto again until {until.strftime('%Y-%m-%dT%H:%M:%SZ')} (power_resume_backoff_s "
+                  f"{backoff_s}s)" if until is not None else "not grown onto again for power_resume_backoff_s")
     return NewDecision(
         job_id=unit.unit_id, action=str(Action.HOLD), reason=str(Reason.RESUME_FAILED),
         message=(f"extension job {f.extension_job} ({','.join(f.nodes)}): powered-down node(s) "
                  f"{','.join(f.failed)} did not come back within {bound} (now {', '.join(f.node_states.values())}); "
-                 f"extension job cancelled, the unit stays at {size} node(s); not grown onto again for "
-                 f"power_resume_backoff_s"),
+                 f"{ended}, the unit stays at {size} node(s); {','.join(f.failed)} {nodes_note}; "
+                 f"{backoff_text(backoff)}"),
         inputs={"extension_job": f.extension_job, "extension_nodes": list(f.nodes), "lost_nodes": list(f.failed),
                 "node_states": dict(f.node_states), "slurm_state": f.slurm_state,
+                "ended_by": "controller" if cancelled else "slurm", **backoff_note(backoff),
+                "node_backoff_until": until.isoformat() if until is not None else None,
                 "resume_timeout_s": resume_timeout_s, "basis": "slurm", "recorded_by": "controller (not the policy)"},
         current_nodes=size, target_nodes=size)
 
@@ -133,7 +146,7 @@ class ResumeFailures:
 
     def handle(self, cycle_id: int, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
                cancel: Callable[[int], None], resume_timeout_s: float | None, dry_run: bool = False,
-               fencing: FencingToken | None = None) -> list[NewDecision]:
+               fencing: FencingToken | None = None, backoff_s: int | None = None) -> list[NewDecision]:
         failed = self.tracker.observe(snap, now)
         if not failed:
             return []
@@ -141,9 +154,15 @@ class ResumeFailures:
         written: list[NewDecision] = []
         for f in find_resume_failures(units, records, snap, failed):
             job = snap.job(f.extension_job)
-            if not dry_run and job is not None and job.state in {"PENDING", "CONFIGURING", "RUNNING"}:
+            live = job is not None and job.state in {"PENDING", "CONFIGURING", "RUNNING"}
+            if not dry_run and live:
                 cancel(f.extension_job)
-            d = failure_decision(units[f.unit_id], f, resume_timeout_s)
+            rec = next((r for r in records if r.job_id == f.extension_job), None)
+            b = backoff_after(self.store, f.unit_id, ExtensionEnd(
+                f.unit_id, f.extension_job, "RESUME_FAILED", rec.created_at if rec else now, now,
+                failure="RESUME_FAILED"), now)
+            d = failure_decision(units[f.unit_id], f, resume_timeout_s, cancelled=live and not dry_run,
+                                 backoff_s=backoff_s, now=now, backoff=b)
             self.store.decisions.record_decisions(cycle_id, [d], fencing=fencing)
             log.warning("job %s: %s", units[f.unit_id].job.display_id, d.message)
             written.append(d)
