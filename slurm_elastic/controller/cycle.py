@@ -25,6 +25,7 @@ from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.controller.goodput import GoodputReader, StoreJournal
+from slurm_elastic.controller.grants import Joins
 from slurm_elastic.controller.gradstats import GradStatsReader
 from slurm_elastic.controller.hold_filter import HoldFilter
 from slurm_elastic.controller.lease import hold_lease, this_process
@@ -106,6 +107,7 @@ class Controller:
         self.losses = LossRecorder(store)  # extensions Slurm took away: preemption, node failure (losses.py)
         self.power = ResumeFailures(store)  # Slurm power saving: resume times, failed resumes (power.py)
         self.coldstart = ColdStarts(store, self.power.tracker)  # --prewarm grows: failures, phases (coldstart.py)
+        self.joins = Joins(store)  # which grows joined their job (grants.py)
         self.holds = HoldFilter(cfg.hold_heartbeat_s)  # holds are stored by change (hold_filter.py)
         self.specs = SpecCache()
         self.molds = Molds(store, self.actuator, self.specs)  # moldable start (molds.py)
@@ -240,6 +242,7 @@ class Controller:
             if self.metrics is not None:
                 self.metrics.decisions.labels(warm.action, warm.reason).inc()
             self.holds.forget(warm.job_id)
+        self.joins.note(units, snap, now)  # grows whose extension joined: the GPUs granted (grants.py)
         for lost in self.losses.record(summary.cycle_id or 0, units, snap, now, previous_nodes=before,
                                        fencing=token):
             if self.metrics is not None:
