@@ -25,8 +25,8 @@ from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.controller.goodput import GoodputReader, StoreJournal
-from slurm_elastic.controller.grants import Joins
 from slurm_elastic.controller.gradstats import GradStatsReader
+from slurm_elastic.controller.grants import Joins
 from slurm_elastic.controller.hold_filter import HoldFilter
 from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import LossRecorder
