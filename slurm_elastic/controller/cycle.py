@@ -34,7 +34,7 @@ from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.molds import Molds
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.controller.ports import AgentCollector, Clock, ControllerStore, SlurmControl
-from slurm_elastic.controller.power import ResumeFailures
+from slurm_elastic.controller.power import ResumeFailures, note_powered_down
 from slurm_elastic.controller.progress import journal_since, with_progress
 from slurm_elastic.controller.reconcile import ACTIVE, FinalStates, is_known_key, reconcile_pass
 from slurm_elastic.controller.serving import ServingReader
@@ -229,7 +229,7 @@ class Controller:
         built = self.molds.apply(built, known)  # a molded unit's max is its request
         units = {u.unit_id: u for u in built.units}
         before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
-        self._observe_jobs(built.units, built.sources, built.not_elastic, snap, known)
+        self._observe_jobs((*built.units, *built.booting), built.sources, built.not_elastic, snap, known)
         resume_timeout = self._resume_timeout()
         for failed in self.power.handle(summary.cycle_id or 0, units, snap, now, cancel=self._cancel,
                                         resume_timeout_s=resume_timeout, dry_run=self.cfg.dry_run, fencing=token,
@@ -371,6 +371,7 @@ class Controller:
         where its settings use it, the goodput the job published."""
         # A node Slurm has switched off (or is booting) runs no agent: asking it would only record a failure.
         agents = {n.name: self.cfg.agents.url_for(n.name, n.address) for n in snap.nodes if not n.is_powered_off}
+        note_powered_down(self.store, snap)  # their agents show as powered down, not stale (power.py)
         result = self.collector(agents) if units else CollectResult({}, {})
         for node, report in result.reports.items():
             self.store.agents.agent_seen(node, url=result.url(node, agents), version=report.agent_version,

@@ -31,6 +31,7 @@ from slurm_elastic.policy import Action, ElasticUnit, PowerState, Reason
 from slurm_elastic.policy.holds import Backoff
 from slurm_elastic.policy.model import ExtensionEnd
 from slurm_elastic.slurm.model import ClusterSnapshot, Node
+from slurm_elastic.store.agents_sql import is_powered_down
 from slurm_elastic.store.protocols import ControllerStore
 from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, FencingToken, NewDecision
 
@@ -178,3 +179,17 @@ class ResumeFailures:
                 for name in lost if isinstance(lost, list) else []:
                     failed[str(name)] = max(d.time, failed.get(str(name), d.time))
         return PowerState(resume_s=self.tracker.estimates(), resume_timeout_s=resume_timeout_s, resume_failed=failed)
+
+
+def note_powered_down(store: ControllerStore, snap: ClusterSnapshot) -> list[str]:
+    """Agents of nodes Slurm has switched off (or is booting) are shown as powered down, not as stale or
+    unreachable (``agents``, ``status``): noted once per power-down (the next successful scrape clears it).
+    Returns the nodes noted now."""
+    off = {n.name: n for n in snap.nodes if n.is_powered_off}
+    noted: list[str] = []
+    for a in store.agents.list_agents() if off else ():
+        n = off.get(a.node)
+        if n is not None and not is_powered_down(a.last_error):
+            store.agents.agent_powered_down(a.node, url=a.url, state=_state(n))
+            noted.append(a.node)
+    return noted
