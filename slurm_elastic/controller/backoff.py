@@ -9,8 +9,8 @@ controller saw fail whatever that state says:
   controller cancelled it;
 * a grow whose sbatch Slurm refused (journaled FAILED; there is no extension job): ``GROW_REFUSED``.
 
-Such a failure ends at the time the controller recorded it. :func:`unit_backoff` is the same back-off for one
-job, for ``explain``.
+Such a failure ends when the controller saw it fail (its record's ``failed_at``; else the record's time).
+:func:`unit_backoff` is the same back-off for one job, for ``explain``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,18 @@ from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
 #: Holds the controller records for a grow that failed, naming its extension job (inputs["extension_job"]).
 FAILED_GROW_REASONS = (Reason.PREWARM_FAILED, Reason.RESUME_FAILED)
 REFUSED = "GROW_REFUSED"
+#: The failure record's input naming when the grow failed (the cycle's clock, which the back-off it names uses).
+FAILED_AT = "failed_at"
+
+
+def _failed_at(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None
 
 
 def extension_ends(store: ControllerStore, now: datetime, job_id: int | None = None) -> list[ExtensionEnd]:
@@ -36,7 +48,7 @@ def extension_ends(store: ControllerStore, now: datetime, job_id: int | None = N
         for d in store.decisions.list_decisions(DecisionFilter(job_id=job_id, reason=str(reason), since=since)):
             ext = d.inputs.get("extension_job")
             if isinstance(ext, int) and not isinstance(ext, bool) and ext not in failed:
-                failed[ext] = (d.time, str(reason), d.job_id)
+                failed[ext] = (_failed_at(d.inputs.get(FAILED_AT)) or d.time, str(reason), d.job_id)
     out: list[ExtensionEnd] = []
     for e in store.jobs.extensions(job_id, active_only=False, ended_since=since):
         if e.job_id in failed:
@@ -68,7 +80,8 @@ def backoff_note(b: Backoff | None) -> dict[str, object]:
     """The inputs a failure record carries about the back-off it starts."""
     if b is None:
         return {}
-    return {"grow_backoff_s": b.wait_s, "grow_backoff_until": backoff_until(b).isoformat(),
+    return {FAILED_AT: b.failures[0].ended_at.isoformat(), "grow_backoff_s": b.wait_s,
+            "grow_backoff_until": backoff_until(b).isoformat(),
             "failed_grows": len(b.failures)}
 
 

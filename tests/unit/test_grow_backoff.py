@@ -121,6 +121,7 @@ def test_the_prewarm_failure_record_says_what_failed_and_when_grows_resume(tmp_p
     ext = replace(job(501, nodes=("n5",)), node_count=1)
     snap = snapshot([leader, ext], [node("n1", used=4), node("n5", used=4)])
     cancelled: list[int] = []
+    clock.advance(0.03)  # the store writes a little after the cycle's clock read "now"
     (d,) = ColdStarts(store, PowerTracker()).handle(store.decisions.begin_cycle(), {100: u}, snap, NOW,
                                                    cancel=cancelled.append)
     assert cancelled == [501] and d.reason == "PREWARM_FAILED"
@@ -129,6 +130,9 @@ def test_the_prewarm_failure_record_says_what_failed_and_when_grows_resume(tmp_p
     until = (NOW + timedelta(seconds=60)).isoformat()
     assert d.inputs["grow_backoff_until"] == until and d.inputs["ended_by"] == "controller"
     assert f"its grows back off until {until[:19]}Z" in d.message
+    # the policy's back-off (read back from the record) ends exactly when the record says
+    b = unit_backoff(store, 100, NOW + timedelta(seconds=1))
+    assert b is not None and b.failures[0].ended_at == NOW and b.left_s == 59.0
 
 
 def test_explain_shows_the_back_off_end() -> None:
