@@ -125,7 +125,7 @@ def by_hand(cluster: TestCluster, job_id: int) -> dict[str, float]:
 
 def test_a_real_controller_grows_one_job_shrinks_another_and_every_number_matches(
         agents: Agents, clean_cluster: TestCluster, tmp_path: Path) -> None:
-    """Issue 32, items 2-3: status's GPUs granted (joined) and reclaimed after one grow and one shrink, and report's
+    """status's GPUs granted (joined) and reclaimed after one grow and one shrink, and report's
     GPU-hours and resizes for both jobs, against sacct by hand."""
     from slurm_elastic.store.records import ActionKind
     from tests.cluster.controller_harness import elastic_script, marker_file

@@ -1,4 +1,4 @@
-"""GPUs granted and reclaimed from the journal's applied actions only (issue 32, item 2): granted = GPUs whose
+"""GPUs granted and reclaimed from the journal's applied actions only: granted = GPUs whose
 extension joined the job (controller/grants.py), reclaimed = GPUs released by applied shrinks (journaled with
 their GPU count) and cancelled extensions; as ``status`` shows them (gpus_*_today) and as the Prometheus counters
 count them. Real controller runs over Slurm replies recorded on the live cluster (tests/unit/slurm_replay.py)."""

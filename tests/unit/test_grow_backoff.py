@@ -1,4 +1,4 @@
-"""Back-off for every failed grow (issue 32, item 1): a failed prewarm whose cancelled extension ends COMPLETED, a
+"""Back-off for every failed grow: a failed prewarm whose cancelled extension ends COMPLETED, a
 failed resume that Slurm ends NODE_FAIL, and an extension sbatch Slurm refused all count for GROW_BACKOFF
 (controller/backoff.py, policy/holds.py); the failure records say when the back-off ends, and ``explain`` shows
 it."""

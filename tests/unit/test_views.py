@@ -1,4 +1,4 @@
-"""What the views say (issue 32, item 6): decision inputs as JSON-like values, the --prewarm command as text,
+"""What the views say: decision inputs as JSON-like values, the --prewarm command as text,
 powered-down nodes' agents as powered down (not stale or unreachable), elastic leaders still booting
 (CONFIGURING) in ``jobs``."""
 
