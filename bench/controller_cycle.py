@@ -1,22 +1,31 @@
-"""CPU cost of one controller cycle at scale: parse Slurm's JSON, decide, write the decisions to the store.
+"""CPU cost of one controller cycle at scale: read Slurm's JSON, build the units, decide, write to the store;
+the first cycle (a fresh state DB) and a steady one (the same replies again: nothing changed).
 
-A synthetic cluster of 10,000 jobs on 2,000 nodes x 8 GPUs (16,000 GPUs), printed the way Slurm 22.05's
-``squeue --json`` and ``sinfo --json`` print it (openapi/v0.0.38; the records are the ones in
-tests/fixtures/slurm/22.05 with their fields varied). 60% of the jobs run; 60% of those carry an elastic spec
-in their admin_comment (as plugins/job_submit.lua stores it), a tenth of those with an extension job; the rest
-are pending. Per repetition, timed as process CPU time:
+A synthetic cluster (default: 51,000 jobs on 10,000 nodes x 8 GPUs = 80,000 GPUs, then 100,000 jobs on 20,000
+nodes), printed the way Slurm 22.05's ``squeue --json`` and ``sinfo --json`` print it (openapi/v0.0.38; the
+records are the ones in tests/fixtures/slurm/22.05 with their fields varied). 60% of the jobs run; 60% of those
+carry an elastic spec in their admin_comment (as plugins/job_submit.lua stores it), a tenth of those with an
+extension job; the rest are pending. Per cycle, timed as process CPU time:
 
-1. ``json.loads`` of both documents alone: the baseline every ratio is against;
-2. parse: ``json.loads`` + ``parse_squeue`` + ``parse_nodes`` into a ClusterSnapshot;
+1. ``json.loads`` of both documents alone: the baseline every ratio is against (same bytes, same run);
+2. parse: ``read_squeue`` + ``read_nodes`` (slurm/decode.py: typed decoding straight into Job/Node records,
+   as ``SlurmCli.snapshot`` reads) into a ClusterSnapshot; ``parse (walk)``: the parser before it
+   (``json.loads`` + the dict walk of slurm/openapi.py), measured on the first cycle for comparison;
 3. units: ``controller.units.build_units`` (elastic units from the admin_comment specs);
 4. policy: ``policy.decide`` (every rule behind a switch on), given agent utilization built beforehand;
-5. DB write: ``store.decisions.begin_cycle`` + ``record_decisions`` (every decision, holds included, as the
-   controller records them) + ``finish_cycle`` on a fresh SQLite file.
+5. DB write: what the cycle writes, on one SQLite file kept across the cycles: ``begin_cycle``, the units'
+   rows (``jobs.observe_jobs``: by change), the decisions through the controller's ``HoldFilter`` (every grow
+   and shrink, a hold when it changed: ``record_decisions``, one multi-row INSERT), ``finish_cycle``.
 
-Target: parse + units + policy + DB write <= 1 s of CPU.
+The steady cycle reads the same replies 30 s later: the policy decides the same (the bench does not act, so
+its capped grows and shrinks come again and are written again, as actions always are); no hold and no unit
+row changed, so none is written.
 
-    .venv/bin/python bench/controller_cycle.py [--jobs 10000] [--nodes 2000] [--gpus-per-node 8] [--repeat 3]
-    .venv/bin/python bench/controller_cycle.py --sizes 1000,10000,25000,51000,100000 --repeat 1   # growth table
+Targets: first cycle <= 1 s, steady <= 0.5 s at 51k jobs, 100k jobs <= 2 s, parse <= 1x json.loads.
+
+    .venv/bin/python bench/controller_cycle.py                       # 51k/10k and 100k/20k, first + steady
+    .venv/bin/python bench/controller_cycle.py --sizes 10000:2000 --repeat 3 --json out.json
+    .venv/bin/python bench/controller_cycle.py --sizes 1000,10000,25000,51000,100000   # growth (nodes = jobs / 5)
 """
 
 from __future__ import annotations
@@ -36,21 +45,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from slurm_elastic.controller.cycle import job_observation  # noqa: E402
 from slurm_elastic.controller.extension import ExtensionTag  # noqa: E402
-from slurm_elastic.controller.units import SpecCache, build_units  # noqa: E402
+from slurm_elastic.controller.hold_filter import HoldFilter  # noqa: E402
+from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units  # noqa: E402
 from slurm_elastic.policy import Decision, JobUtilization, PolicyInput, config_from_mapping, decide  # noqa: E402
+from slurm_elastic.slurm.decode import JobMemo, read_nodes, read_squeue  # noqa: E402
 from slurm_elastic.slurm.hostlist import compress  # noqa: E402
 from slurm_elastic.slurm.model import ClusterSnapshot, Partition  # noqa: E402
-from slurm_elastic.slurm.openapi import gc_paused, parse_nodes, parse_squeue  # noqa: E402
+from slurm_elastic.slurm.openapi import gc_paused, walk_nodes, walk_squeue  # noqa: E402
 from slurm_elastic.store import NewDecision, SqlStore  # noqa: E402
 from slurm_elastic.store.sqlstore import sqlite_url  # noqa: E402
-
-try:
-    import orjson as _orjson_module
-
-    _orjson: Any = _orjson_module
-except ImportError:  # measured only where installed
-    _orjson = None
 
 FIXTURES = ROOT / "tests" / "fixtures" / "slurm" / "22.05"
 NOW = datetime(2025, 6, 2, 12, 0, tzinfo=UTC)
@@ -162,120 +167,198 @@ def new_decision(d: Decision) -> NewDecision:
                        signal=d.signal, profile=d.profile, paused=d.reason == "PAUSED")
 
 
-def _snapshot(squeue_text: str, sinfo_text: str) -> ClusterSnapshot:
-    with gc_paused():  # as SlurmCli.snapshot() reads
-        _, jobs = parse_squeue(json.loads(squeue_text))
-        _, nodes = parse_nodes(json.loads(sinfo_text))
+def _snapshot(squeue_text: str, sinfo_text: str, now: datetime = NOW, memo: JobMemo | None = None
+              ) -> ClusterSnapshot:
+    with gc_paused():  # as SlurmCli.snapshot() reads (with its memo of the last reply's jobs)
+        _, jobs = read_squeue(squeue_text, memo)
+        _, nodes = read_nodes(sinfo_text)
     parts = sorted({p for n in nodes for p in n.partitions})
-    return ClusterSnapshot(NOW, jobs, nodes,
+    return ClusterSnapshot(now, jobs, nodes,
                            tuple(Partition(p, tuple(n.name for n in nodes if p in n.partitions)) for p in parts))
 
 
-def _write(store: SqlStore, decisions: list[Decision]) -> int:
-    cycle = store.decisions.begin_cycle(holder="bench")
-    ids = store.decisions.record_decisions(cycle, [new_decision(d) for d in decisions])
-    store.decisions.finish_cycle(cycle, decisions=len(ids), actions=sum(d.is_action for d in decisions))
-    return len(ids)
+def _walk(squeue_text: str, sinfo_text: str) -> None:
+    """The parse before slurm/decode.py: json.loads and the dict walk."""
+    with gc_paused():
+        walk_squeue(json.loads(squeue_text)), walk_nodes(json.loads(sinfo_text))
 
 
-def one_cycle(squeue_text: str, sinfo_text: str, cfg: Any, db: Path, seed: int) -> tuple[dict[str, float], str]:
-    """CPU seconds per stage of one cycle, and what it handled."""
-    times: dict[str, float] = {}
-    clock = time.process_time
-    t0 = clock()
-    json.loads(squeue_text), json.loads(sinfo_text)
-    times["json.loads"] = clock() - t0
-    t0 = clock()
-    snap = _snapshot(squeue_text, sinfo_text)
-    times["parse"] = clock() - t0
-    if _orjson is not None:  # the same parse on orjson's decoder (installed by hand: not a dependency)
+def _utilization(built: UnitsResult, now: datetime) -> dict[int, JobUtilization]:
+    """Each unit's measured utilization: the same every cycle (a steady cluster), sampled 5-400 s ago."""
+    out = {}
+    for u in built.units:
+        rnd = random.Random(u.unit_id)
+        out[u.unit_id] = JobUtilization(u.unit_id, rnd.uniform(0, 100), 100.0, 660.0, 12,
+                                        now - timedelta(seconds=rnd.choice([5, 30, 400])), 8, 8)
+    return out
+
+
+class Cycles:
+    """Consecutive cycles of one controller on one state DB (the first on a fresh one)."""
+
+    def __init__(self, db: Path, cfg: Any) -> None:
+        self.store = SqlStore.open(sqlite_url(db))
+        self.holds = HoldFilter(heartbeat_s=600.0)  # the controller's default hold_heartbeat_s
+        self.specs = SpecCache()
+        self.jobs_seen = JobMemo()  # as SlurmCli keeps it
+        self.cfg = cfg
+
+    def close(self) -> None:
+        self.store.close()
+
+    def write(self, built: UnitsResult, decisions: list[Decision], now: datetime) -> dict[str, int]:
+        """What Controller.run_cycle writes: the cycle, the units' rows, the decisions through the hold filter."""
+        cycle = self.store.decisions.begin_cycle(holder="bench")
+        units = self.store.jobs.observe_jobs([job_observation(u, built.sources.get(u.unit_id))
+                                              for u in built.units])
+        recorded = self.holds.record(self.store, cycle, [new_decision(d) for d in decisions], now)
+        self.store.decisions.finish_cycle(cycle, decisions=len(decisions),
+                                          actions=sum(d.is_action for d in decisions))
+        return {"unit rows": units, "decision rows": recorded.written,
+                "holds not written": recorded.skipped}
+
+    def cycle(self, squeue_text: str, sinfo_text: str, now: datetime, *, walk: bool) -> dict[str, Any]:
+        """CPU seconds per stage of one cycle, and what it handled and wrote."""
+        times: dict[str, float] = {}
+        clock = time.process_time
         t0 = clock()
-        with gc_paused():
-            parse_squeue(_orjson.loads(squeue_text)), parse_nodes(_orjson.loads(sinfo_text))
-        times["parse (orjson)"] = clock() - t0
-    t0 = clock()
-    result = build_units(snap, read_script=lambda _: None, is_known_key=lambda _job, _key: True, cache=SpecCache())
-    times["units"] = clock() - t0
-    rnd = random.Random(seed)
-    util = {u.unit_id: JobUtilization(u.unit_id, rnd.uniform(0, 100), 100.0, 660.0, 12,
-                                      NOW - timedelta(seconds=rnd.choice([5, 30, 400])), 8, 8)
-            for u in result.units}
-    t0 = clock()
-    with gc_paused():  # as the controller's cycle calls it
-        decisions = decide(PolicyInput(snap, result.units, util), cfg, NOW)
-    times["policy"] = clock() - t0
-    store = SqlStore.open(sqlite_url(db))
-    try:
+        json.loads(squeue_text), json.loads(sinfo_text)
+        times["json.loads"] = clock() - t0
         t0 = clock()
-        written = _write(store, decisions)
+        snap = _snapshot(squeue_text, sinfo_text, now, self.jobs_seen)
+        times["parse"] = clock() - t0
+        if walk:
+            t0 = clock()
+            _walk(squeue_text, sinfo_text)
+            times["parse (walk)"] = clock() - t0
+        t0 = clock()
+        with gc_paused():  # as the controller's cycle builds them
+            built = build_units(snap, read_script=lambda _: None, is_known_key=lambda _job, _key: True,
+                                cache=self.specs)
+        times["units"] = clock() - t0
+        util = _utilization(built, now)
+        t0 = clock()
+        with gc_paused():  # as the controller's cycle calls it
+            decisions = decide(PolicyInput(snap, built.units, util), self.cfg, now)
+        times["policy"] = clock() - t0
+        t0 = clock()
+        with gc_paused():  # as the controller's cycle writes
+            written = self.write(built, decisions, now)
         times["DB write"] = clock() - t0
-    finally:
-        store.close()
-    counts = (f"jobs={len(snap.jobs)} nodes={len(snap.nodes)} gpus={sum(n.gpus() for n in snap.nodes)} "
-              f"units={len(result.units)} pending={sum(j.is_pending for j in snap.jobs)} "
-              f"decisions={len(decisions)} actions={sum(d.is_action for d in decisions)} rows written={written}")
-    return times, counts
+        counts = {"jobs": len(snap.jobs), "nodes": len(snap.nodes), "gpus": sum(n.gpus() for n in snap.nodes),
+                  "units": len(built.units), "pending": sum(j.is_pending for j in snap.jobs),
+                  "decisions": len(decisions), "actions": sum(d.is_action for d in decisions), **written}
+        return {"cpu_s": times, "counts": counts}
 
 
-def growth_table(sizes: list[int], gpus_per_node: int, repeat: int, seed: int) -> int:
-    """One row per size (jobs; nodes = jobs / 5, as at the largest sites): median CPU s of each stage, and the
-    cycle's growth against the size before it (1.00 x the jobs' growth = linear)."""
+STAGES = ("parse", "units", "policy", "DB write")
+
+
+def measure(n_jobs: int, n_nodes: int, gpus_per_node: int, repeat: int, seed: int) -> dict[str, Any]:
+    """The first and the steady cycle at one size: median CPU s per stage over ``repeat`` runs, each on a fresh
+    DB, and the ratios to json.loads of the same replies in the same run."""
+    squeue_text, sinfo_text = build_documents(n_jobs, n_nodes, gpus_per_node, seed)
     cfg = site_config()
-    print("| jobs / nodes / GPUs | json.loads | parse | units | policy | DB write | cycle CPU s | growth vs jobs |")
-    print("|---|---|---|---|---|---|---|---|")
+    runs: dict[str, list[dict[str, Any]]] = {"first": [], "steady": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(max(1, min(repeat, 20))):
+            cycles = Cycles(Path(tmp) / f"bench-{rep}.db", cfg)
+            try:
+                runs["first"].append(cycles.cycle(squeue_text, sinfo_text, NOW, walk=rep == 0))
+                runs["steady"].append(cycles.cycle(squeue_text, sinfo_text, NOW + timedelta(seconds=30),
+                                                   walk=False))
+            finally:
+                cycles.close()
+    out: dict[str, Any] = {"jobs": n_jobs, "nodes": n_nodes, "gpus": n_nodes * gpus_per_node,
+                           "squeue_mb": round(len(squeue_text) / 1e6, 1), "sinfo_mb": round(len(sinfo_text) / 1e6, 1),
+                           "repetitions": len(runs["first"])}
+    for kind, results in runs.items():
+        med = {k: statistics.median(r["cpu_s"][k] for r in results if k in r["cpu_s"])
+               for k in results[0]["cpu_s"]}
+        med["cycle"] = sum(med[k] for k in STAGES)
+        med["cycle without policy"] = med["cycle"] - med["policy"]
+        base = med["json.loads"]
+        out[kind] = {"cpu_s": {k: round(v, 3) for k, v in med.items()},
+                     "x_json_loads": {k: round(v / base, 2) for k, v in med.items()},
+                     "counts": results[-1]["counts"]}
+    return out
+
+
+TARGETS = {("first", 51_000): 1.0, ("steady", 51_000): 0.5, ("first", 100_000): 2.0}
+
+
+def print_size(r: dict[str, Any]) -> None:
+    print(f"\n{r['jobs']:,} jobs / {r['nodes']:,} nodes / {r['gpus']:,} GPUs: squeue --json {r['squeue_mb']} MB, "
+          f"sinfo --json {r['sinfo_mb']} MB; median of {r['repetitions']}, process CPU s (x json.loads)")
+    keys = list(r["first"]["cpu_s"])
+    print("| stage | first cycle | steady cycle |")
+    print("|---|---|---|")
+    for k in keys:
+        cells = [f"{r[c]['cpu_s'][k]:.3f} ({r[c]['x_json_loads'][k]:.2f}x)" if k in r[c]["cpu_s"] else "-"
+                 for c in ("first", "steady")]
+        print(f"| {k} | {cells[0]} | {cells[1]} |")
+    for c in ("first", "steady"):
+        n = r[c]["counts"]
+        print(f"{c}: units={n['units']} decisions={n['decisions']} actions={n['actions']} written: "
+              f"{n['unit rows']} unit rows, {n['decision rows']} decision rows ({n['holds not written']} unchanged "
+              f"holds not written)")
+
+
+def growth_table(sizes: list[tuple[int, int]], gpus_per_node: int, repeat: int, seed: int) -> list[dict[str, Any]]:
+    """One row per size: the first cycle's median CPU s per stage, and its growth against the size before
+    (1.00 x the jobs' growth = linear)."""
+    print("| jobs / nodes / GPUs | json.loads | parse | units | policy | DB write | first cycle | growth | steady |")
+    print("|---|---|---|---|---|---|---|---|---|")
     prev: tuple[int, float] | None = None
-    for n_jobs in sizes:
-        n_nodes = max(10, n_jobs // 5)
-        squeue_text, sinfo_text = build_documents(n_jobs, n_nodes, gpus_per_node, seed)
-        stages: dict[str, list[float]] = {}
-        with tempfile.TemporaryDirectory() as tmp:
-            for rep in range(max(1, min(repeat, 20))):
-                times, _ = one_cycle(squeue_text, sinfo_text, cfg, Path(tmp) / f"bench-{rep}.db", rep)
-                for key, value in times.items():
-                    stages.setdefault(key, []).append(value)
-        del squeue_text, sinfo_text
-        med = {k: statistics.median(v) for k, v in stages.items()}
-        total = med["parse"] + med["units"] + med["policy"] + med["DB write"]
-        growth = "" if prev is None else f"{(total / prev[1]) / (n_jobs / prev[0]):.2f}"
-        print(f"| {n_jobs:,} / {n_nodes:,} / {n_nodes * gpus_per_node:,} | {med['json.loads']:.2f} | "
-              f"{med['parse']:.2f} | {med['units']:.2f} | {med['policy']:.2f} | {med['DB write']:.2f} | "
-              f"**{total:.2f}** | {growth} |", flush=True)
-        prev = (n_jobs, total)
-    return 0
+    results = []
+    for n_jobs, n_nodes in sizes:
+        r = measure(n_jobs, n_nodes, gpus_per_node, repeat, seed)
+        results.append(r)
+        f = r["first"]["cpu_s"]
+        growth = "" if prev is None else f"{(f['cycle'] / prev[1]) / (n_jobs / prev[0]):.2f}"
+        print(f"| {n_jobs:,} / {n_nodes:,} / {r['gpus']:,} | {f['json.loads']:.2f} | {f['parse']:.2f} | "
+              f"{f['units']:.2f} | {f['policy']:.2f} | {f['DB write']:.2f} | **{f['cycle']:.2f}** | {growth} | "
+              f"{r['steady']['cpu_s']['cycle']:.2f} |", flush=True)
+        prev = (n_jobs, f["cycle"])
+    return results
+
+
+def _sizes(text: str) -> list[tuple[int, int]]:
+    """``51000:10000,100000`` -> [(51000, 10000), (100000, 20000)] (nodes default to jobs / 5)."""
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        jobs, _, nodes = part.partition(":")
+        out.append((int(jobs), int(nodes) if nodes else max(10, int(jobs) // 5)))
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=10_000)
-    ap.add_argument("--nodes", type=int, default=2_000)
+    ap.add_argument("--sizes", default="51000:10000,100000:20000",
+                    help="JOBS[:NODES],...  (nodes default to jobs / 5)")
     ap.add_argument("--gpus-per-node", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--sizes", default="", help="comma-separated job counts: the growth table (nodes = jobs / 5)")
+    ap.add_argument("--growth", action="store_true", help="one table row per size (the first cycle's stages)")
+    ap.add_argument("--json", type=Path, help="write the results here too")
     args = ap.parse_args()
-    if args.sizes:
-        return growth_table([int(x) for x in args.sizes.split(",") if x.strip()], args.gpus_per_node,
-                            args.repeat, args.seed)
-    squeue_text, sinfo_text = build_documents(args.jobs, args.nodes, args.gpus_per_node, args.seed)
-    cfg = site_config()
-    stages: dict[str, list[float]] = {}
-    counts = ""
-    with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(max(1, min(args.repeat, 20))):
-            times, counts = one_cycle(squeue_text, sinfo_text, cfg, Path(tmp) / f"bench-{rep}.db", rep)
-            for key, value in times.items():
-                stages.setdefault(key, []).append(value)
-    med = {k: statistics.median(v) for k, v in stages.items()}
-    base = med["json.loads"]
-    total = med["parse"] + med["units"] + med["policy"] + med["DB write"]
-    print(counts)
-    print(f"squeue --json {len(squeue_text) / 1e6:.1f} MB, sinfo --json {len(sinfo_text) / 1e6:.1f} MB; "
-          f"median of {len(stages['parse'])} repetitions, process CPU time")
-    print(f"{'stage':<12}{'CPU s':>8}{'x json.loads':>14}")
-    for key in stages:
-        print(f"{key:<12}{med[key]:>8.3f}{med[key] / base:>14.2f}")
-    print(f"{'cycle':<12}{total:>8.3f}{total / base:>14.2f}   (parse + units + policy + DB write; target <= 1 s)")
-    return 0 if total <= 1.0 else 1
+    sizes = _sizes(args.sizes)
+    if args.growth:
+        results = growth_table(sizes, args.gpus_per_node, args.repeat, args.seed)
+    else:
+        results = []
+        for n_jobs, n_nodes in sizes:
+            results.append(measure(n_jobs, n_nodes, args.gpus_per_node, args.repeat, args.seed))
+            print_size(results[-1])
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    missed = []
+    for r in results:
+        for (kind, jobs), target in TARGETS.items():
+            if r["jobs"] == jobs and r[kind]["cpu_s"]["cycle"] > target:
+                missed.append(f"{kind} cycle at {jobs:,} jobs: {r[kind]['cpu_s']['cycle']:.2f} s > {target} s")
+    print("\ntargets: " + ("all met" if not missed else "; ".join(missed)))
+    return 0
 
 
 if __name__ == "__main__":

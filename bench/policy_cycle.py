@@ -4,7 +4,7 @@ Prints the time per ``decide()`` call and its ratio to the time it takes to buil
 the same run, so the ratio means something on a noisy machine). No assertions: performance lives here, not
 in the tests.
 
-    .venv/bin/python bench/policy_cycle.py [--jobs 10000] [--nodes 2000] [--repeat 5] [--seed 1]
+    .venv/bin/python bench/policy_cycle.py [--jobs 10000] [--nodes 2000] [--repeat 5] [--seed 1] [--allocator]
 """
 
 from __future__ import annotations
@@ -128,11 +128,11 @@ def build_input(n_jobs: int, n_nodes: int, seed: int) -> PolicyInput:
                        {f"acct{i}": 1.0 + i for i in range(7)})
 
 
-def site_config() -> PolicyConfig:
+def site_config(allocator: bool = False) -> PolicyConfig:
     return config_from_mapping({
         "version": 1, "shrink_to_admit": True, "fair_share": True, "restart_cost_aware": True,
         "max_actions_per_cycle": 50, "partition": {"serve": {"free_node_reserve": 4}},
-        "qos": {"low": {"max_extension_nodes_per_qos": 20}},
+        "qos": {"low": {"max_extension_nodes_per_qos": 20}}, "allocator": allocator,
     }, "<bench>")
 
 
@@ -142,8 +142,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=2_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--allocator", action="store_true", help="the same site config with allocator = true")
     args = ap.parse_args()
-    cfg = site_config()
+    cfg = site_config(args.allocator)
     build_times, decide_times = [], []
     decisions = []
     for i in range(args.repeat):

@@ -563,10 +563,11 @@ local function check_rules(settings)
         allowed = "1.." .. num(mx.value) }
     end
   end
+  -- both thresholds given: they must make a band; one alone meets the site's policy (the controller checks it)
   local up_s, down_s = settings.scale_up_above, settings.scale_down_below
-  local up, down = value("scale_up_above"), value("scale_down_below")
-  if down >= up then
-    if up_s and (down_s == nil or later(up_s, down_s)) then
+  if up_s and down_s and down_s.value >= up_s.value then
+    local up, down = up_s.value, down_s.value
+    if later(up_s, down_s) then
       errors[#errors + 1] = { line = up_s.line, option = "--scale-up-above",
         message = num(up) .. " is not above --scale-down-below " .. num(down) .. ", " .. where(down_s),
         allowed = num(down + 1) .. "..100" }

@@ -1,14 +1,15 @@
 """Policy text edits for ``policy set KEY=VALUE`` (pure): dotted keys into the TOML tables, values read as TOML
-(``70``, ``true``, ``"USR2"``, ``[1, 2]``; a bare word is taken as a string), and a small TOML writer for the
-shapes a policy has (scalars, lists of scalars, nested tables). Nothing is ever evaluated as code."""
+(``70``, ``true``, ``"USR2"``, ``[1, 2]``; a bare word is taken as a string), written back with tomli-w in a
+fixed order. Nothing is ever evaluated as code."""
 
 from __future__ import annotations
 
-import json
 import re
 import tomllib
 from collections.abc import Mapping
 from typing import Any
+
+import tomli_w
 
 from slurm_elastic.errors import SlurmElasticError
 
@@ -54,35 +55,17 @@ def _copy(data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
 
 
-def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_scalar(v) for v in value) + "]"
-    raise PolicyEditError(f"cannot write {type(value).__name__} values to a policy")
-
-
-def _key(k: str) -> str:
-    return k if _BARE.match(k) else json.dumps(k)
+def _ordered(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Top-level scalars first (``version`` leading, then by name), then the tables by name, depth first."""
+    scalars = sorted(((k, v) for k, v in body.items() if not isinstance(v, Mapping)),
+                     key=lambda kv: (kv[0] != "version", kv[0]))
+    tables = sorted((k, _ordered(v)) for k, v in body.items() if isinstance(v, Mapping))
+    return dict(scalars + tables)
 
 
 def dumps(data: Mapping[str, Any]) -> str:
-    """TOML text; top-level scalars first (``version`` leading), then the tables depth first."""
-    lines: list[str] = []
-
-    def table(prefix: list[str], body: Mapping[str, Any]) -> None:
-        scalars = [(k, v) for k, v in body.items() if not isinstance(v, Mapping)]
-        scalars.sort(key=lambda kv: (kv[0] != "version", kv[0]))
-        if prefix and (scalars or not any(isinstance(v, Mapping) for v in body.values())):
-            lines.append("")
-            lines.append("[" + ".".join(_key(p) for p in prefix) + "]")
-        lines.extend(f"{_key(k)} = {_scalar(v)}" for k, v in scalars)
-        for k in sorted(k for k, v in body.items() if isinstance(v, Mapping)):
-            table([*prefix, k], body[k])
-
-    table([], data)
-    return "\n".join(lines).lstrip("\n") + "\n"
+    """TOML text (tomli-w); top-level scalars first (``version`` leading), then the tables depth first."""
+    try:
+        return tomli_w.dumps(_ordered(data))
+    except (TypeError, ValueError) as e:
+        raise PolicyEditError(f"cannot write this policy as TOML: {e}") from None

@@ -65,7 +65,9 @@ def usage(store: SqlStore, *, user: str | None, since: datetime, until: datetime
     origin = since.timestamp()
     jobs = []
     for rec in store.jobs.list_jobs(active_only=False, user=user):
-        if rec.last_seen < since or rec.first_seen >= until:
+        # An active row is one the controller still sees: its last_seen is only its last change (observe_jobs).
+        seen = rec.last_seen if rec.ended_at is not None else until
+        if seen < since or rec.first_seen >= until:
             continue
         samples = store.samples.samples(rec.job_id, since=since, until=until)
         actions = store.journal.list_actions(job_id=rec.job_id, states=[ActionState.APPLIED])

@@ -5,8 +5,9 @@ Contract (external checks rely on it)::
     slurm-elastic simulate WORKLOAD --format pollux|philly|itp|sacct --nodes N --gpus-per-node G
         [--policy FILE] [--seed S] [--json] [--plot DIR] [--scheduler fifo|backfill]
 
-``--json`` prints one object ``{"baseline": {...}, "elastic": {...} | null}``; each side holds avg_jct,
-p50_jct, p99_jct, jct_std, makespan, avg_wait, gpu_util, starvation, resizes, jobs (plus effective_gpu_util).
+``--json`` prints one object ``{"baseline": {...}, "elastic": {...} | null, "per_job": {...} | null}``; each side
+holds avg_jct, p50_jct, p99_jct, jct_std, makespan, avg_wait, gpu_util, starvation, resizes, jobs (plus
+effective_gpu_util); ``per_job`` compares each job's elastic JCT with its rigid one (sim/metrics.py, Slowdown).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import ElasticPolicy
 from slurm_elastic.sim.loaders import FORMATS, load_workload
-from slurm_elastic.sim.metrics import DEFAULT_STARVATION_THRESHOLD, Metrics, summarize
+from slurm_elastic.sim.metrics import DEFAULT_STARVATION_THRESHOLD, Metrics, slowdown, summarize
 from slurm_elastic.sim.run import compare
 from slurm_elastic.sim.scheduler import SCHEDULERS
 
@@ -180,6 +181,7 @@ def simulate_cmd(  # noqa: PLR0917 - click passes every option by keyword
         result = compare(loaded, config, seed, policy=policy, progress=_progress_factory(show_progress))
         baseline = summarize(result.baseline, starvation_threshold)
         elastic = summarize(result.elastic, starvation_threshold) if result.elastic is not None else None
+        per_job = slowdown(result.baseline, result.elastic) if result.elastic is not None else None
         if plot_dir is not None:
             from slurm_elastic.sim.plots import write_plots
 
@@ -195,6 +197,7 @@ def simulate_cmd(  # noqa: PLR0917 - click passes every option by keyword
         payload: dict[str, Any] = {
             "baseline": baseline.as_dict(),
             "elastic": elastic.as_dict() if elastic is not None else None,
+            "per_job": per_job.as_dict() if per_job is not None else None,
         }
         click.echo(json.dumps(payload))
         return
@@ -203,3 +206,9 @@ def simulate_cmd(  # noqa: PLR0917 - click passes every option by keyword
         f"scheduler {scheduler}, placement {placement}, seed {seed}"
     )
     click.echo(_table(baseline, elastic))
+    if per_job is not None:
+        click.echo(
+            f"per job, elastic JCT / rigid JCT (both at least {per_job.floor_s:.0f}s): later {per_job.later:.1%}, "
+            f"> 1.25x {per_job.later_125:.1%}, > 2x {per_job.later_2:.1%}, worst {per_job.worst:.2f}x "
+            f"({per_job.worst_job})"
+        )

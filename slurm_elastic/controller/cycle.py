@@ -64,6 +64,7 @@ from slurm_elastic.store.records import (
     ActionKind,
     ActionRecord,
     ActionState,
+    AgentScrape,
     ElasticJobRecord,
     FencingToken,
     JobObservation,
@@ -222,14 +223,16 @@ class Controller:
             log.warning("not acting: %s", summary.skipped)
             return
         ctx = CycleContext(cycle_id=summary.cycle_id or 0, token=token, now=now)
-        built = build_units(snap, read_script=self._read_script, is_known_key=self._is_known_key,
-                            cache=self.specs)
+        with gc_paused():  # a unit per elastic job: GC would only rescan the snapshot (as the parse)
+            built = build_units(snap, read_script=self._read_script, is_known_key=self._is_known_key,
+                                cache=self.specs)
         known = self.store.jobs.list_jobs(active_only=True)  # as last observed, before this cycle updates them
         built = _with_time_limit_added(built, known)
         built = self.molds.apply(built, known)  # a molded unit's max is its request
         units = {u.unit_id: u for u in built.units}
         before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
-        self._observe_jobs((*built.units, *built.booting), built.sources, built.not_elastic, snap, known)
+        with gc_paused():  # a row per unit on a first cycle: GC would rescan the snapshot for each batch of them
+            self._observe_jobs((*built.units, *built.booting), built.sources, built.not_elastic, snap, known)
         resume_timeout = self._resume_timeout()
         for failed in self.power.handle(summary.cycle_id or 0, units, snap, now, cancel=self._cancel,
                                         resume_timeout_s=resume_timeout, dry_run=self.cfg.dry_run, fencing=token,
@@ -277,8 +280,9 @@ class Controller:
         summary.decisions = decisions
         if self.metrics is not None:
             self._cycle_metrics(self.metrics, snap, built.units, inp.utilization, decisions, now=now)
-        new = [self._new_decision(d) for d in decisions]
-        recorded = self.holds.record(self.store, summary.cycle_id or 0, new, now, fencing=token)
+        with gc_paused():  # a decision per unit, and a row for each that changed (as _observe_jobs)
+            new = [self._new_decision(d) for d in decisions]
+            recorded = self.holds.record(self.store, summary.cycle_id or 0, new, now, fencing=token)
         if self.metrics is not None:
             self.metrics.holds_unchanged.inc(recorded.skipped)
         summary.acted.update(self.molds.run(  # waiting elastic jobs that can start now on fewer nodes
@@ -330,15 +334,8 @@ class Controller:
                       known: Sequence[ElasticJobRecord]) -> None:
         """Store what the cycle saw; ``known`` are the active records read before (what is not live has
         ended; jobs first stored now are running, so they are never among those)."""
-        for u in units:
-            j = u.job
-            self.store.jobs.upsert_job(JobObservation(
-                job_id=j.job_id, user=j.user, partition=j.partition, state=j.state, current_nodes=u.current_nodes,
-                min_nodes=u.min_nodes, max_nodes=u.max_nodes, het_job_id=j.het_job_id, het_offset=j.het_job_offset,
-                account=j.account, qos=j.qos, name=j.name, spec=u.spec.to_normalized(),
-                spec_source=(SpecSource.ADMIN_COMMENT if sources.get(j.job_id) == "admin_comment"
-                             else SpecSource.BATCH_SCRIPT),
-                nodelist=",".join(j.nodes), gpus_per_node=j.gpus_per_node(), submit_time=j.submit_time))
+        # One transaction, by change: a cycle in which no unit changed writes no row (store/jobs_sql.py).
+        self.store.jobs.observe_jobs([job_observation(u, sources.get(u.unit_id)) for u in units])
         for job_id, reason in not_elastic.items():
             bad = snap.job(job_id)
             if bad is not None and self.store.jobs.get_job(job_id) is None:
@@ -373,11 +370,11 @@ class Controller:
         agents = {n.name: self.cfg.agents.url_for(n.name, n.address) for n in snap.nodes if not n.is_powered_off}
         note_powered_down(self.store, snap)  # their agents show as powered down, not stale (power.py)
         result = self.collector(agents) if units else CollectResult({}, {})
-        for node, report in result.reports.items():
-            self.store.agents.agent_seen(node, url=result.url(node, agents), version=report.agent_version,
-                                         gpu_count=result.gpu_count(node))
-        for node, err in result.errors.items():
-            self.store.agents.agent_failed(node, url=result.url(node, agents), error=err)
+        self.store.agents.record_scrapes(  # one transaction for every node's scrape
+            [AgentScrape(node, result.url(node, agents), version=report.agent_version,
+                         gpu_count=result.gpu_count(node)) for node, report in result.reports.items()]
+            + [AgentScrape(node, result.url(node, agents), error=err) for node, err in result.errors.items()])
+        for node in result.errors:
             if self.metrics is not None:
                 self.metrics.scrape_errors.labels(node).inc()
         new: list[NewSample] = []
@@ -506,6 +503,17 @@ class Controller:
         except (StoreError, SlurmError) as e:
             log.error("reconcile pass stopped, retried at the next one: %s", e)
             return []
+
+
+def job_observation(u: ElasticUnit, source: str | None) -> JobObservation:
+    """What a cycle stores of a unit (its elastic_jobs row); ``source``: where its spec came from (units.py)."""
+    j = u.job
+    return JobObservation(
+        job_id=j.job_id, user=j.user, partition=j.partition, state=j.state, current_nodes=u.current_nodes,
+        min_nodes=u.min_nodes, max_nodes=u.max_nodes, het_job_id=j.het_job_id, het_offset=j.het_job_offset,
+        account=j.account, qos=j.qos, name=j.name, spec=u.spec.to_normalized(),
+        spec_source=SpecSource.ADMIN_COMMENT if source == "admin_comment" else SpecSource.BATCH_SCRIPT,
+        nodelist=",".join(j.nodes), gpus_per_node=j.gpus_per_node(), submit_time=j.submit_time)
 
 
 def outcome_class(text: str) -> str:

@@ -104,14 +104,12 @@ class _Written:
 
 @dataclass(frozen=True)
 class Recorded:
-    """One cycle's decisions after :meth:`HoldFilter.record`: per decision, its row id (None: an unchanged hold,
-    not written)."""
+    """One cycle's decisions after :meth:`HoldFilter.record`: per decision, its row id where something refers to
+    it (a grow or shrink: the journal; None for a hold), and how many rows were written (holds that changed or
+    were due a heartbeat included)."""
 
     ids: list[int | None]
-
-    @property
-    def written(self) -> int:
-        return sum(1 for i in self.ids if i is not None)
+    written: int
 
     @property
     def skipped(self) -> int:
@@ -140,32 +138,32 @@ class HoldFilter:
         if epoch != self._epoch:
             self._seed(store, [d.job_id for d in decisions if d.action == HOLD])
             self._epoch = epoch
-        rows: list[NewDecision] = []
+        actions: list[NewDecision] = []
         slots: list[int] = []
+        holds: list[NewDecision] = []
         nxt: dict[int, _Written] = {}
         for i, d in enumerate(decisions):
             if d.action != HOLD:
-                rows.append(d)
+                actions.append(d)
                 slots.append(i)
                 continue
             key = HoldKey.of(d)
             prev = self._last.get(d.job_id)
             if prev is None or key.differs(prev.key):
-                rows.append(d)
+                holds.append(d)
                 nxt[d.job_id] = _Written(key, now, now)
             elif (now - prev.at).total_seconds() >= self.heartbeat_s:
-                rows.append(replace(d, inputs={**d.inputs, UNCHANGED_SINCE: prev.since.isoformat()}))
+                holds.append(replace(d, inputs={**d.inputs, UNCHANGED_SINCE: prev.since.isoformat()}))
                 nxt[d.job_id] = _Written(key, now, prev.since)
             else:
                 nxt[d.job_id] = prev
-                continue
-            slots.append(i)
-        written = store.decisions.record_decisions(cycle_id, rows, fencing=fencing)
+        # Nothing refers to a hold's row by id: holds go in without asking for their ids (record_rows says why).
+        written = store.decisions.record_rows(cycle_id, actions, holds, fencing=fencing)
         self._last = nxt  # units that ended, and units that grew or shrank, start afresh
         ids: list[int | None] = [None] * len(decisions)
         for slot, row_id in zip(slots, written, strict=True):
             ids[slot] = row_id
-        return Recorded(ids)
+        return Recorded(ids, len(actions) + len(holds))
 
     def _seed(self, store: ControllerStore, unit_ids: Iterable[int]) -> None:
         """Start from the store: each unit's last decision, if it is a hold (any other: its next hold is new)."""

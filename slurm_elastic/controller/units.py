@@ -23,11 +23,19 @@ from slurm_elastic.slurm.model import ClusterSnapshot, Job
 SpecSource = str  # "admin_comment" | "script"
 
 
+#: Distinct admin_comment specs kept parsed; past this many (hostile or very varied input) the memory starts over.
+MAX_COMMENTS = 100_000
+Reading = tuple[ElasticSpec | None, SpecSource | None, str | None]  # spec, where from, why not elastic
+
+
 @dataclass
 class SpecCache:
-    """Per-job directives already read (scripts are read once per job, not once per cycle)."""
+    """Per-job directives already read (scripts are read once per job, not once per cycle), and each distinct
+    admin_comment spec parsed once (a cycle at 51k jobs parsed 11,580 specs, 0.2 s of its CPU, though few of
+    them differ or change from one cycle to the next)."""
 
     by_job: MutableMapping[int, JobDirectives] = field(default_factory=dict)
+    by_comment: dict[str, Reading] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -40,14 +48,22 @@ class UnitsResult:
     booting: tuple[ElasticUnit, ...] = ()
 
 
-def _spec_for(job: Job, read_script: Callable[[int], str | None], cache: SpecCache) -> tuple[
-        ElasticSpec | None, SpecSource | None, str | None]:
+def _from_comment(comment: str) -> Reading:
+    try:
+        spec = spec_from_admin_comment(comment)
+    except SpecError as e:
+        return None, None, f"invalid elastic spec in admin_comment: {e}"
+    return spec, "admin_comment", None if spec else "elasticity switched off in admin_comment"
+
+
+def _spec_for(job: Job, read_script: Callable[[int], str | None], cache: SpecCache) -> Reading:
     if extract(job.admin_comment) is not None:
-        try:
-            spec = spec_from_admin_comment(job.admin_comment)
-        except SpecError as e:
-            return None, None, f"invalid elastic spec in admin_comment: {e}"
-        return spec, "admin_comment", None if spec else "elasticity switched off in admin_comment"
+        reading = cache.by_comment.get(job.admin_comment)
+        if reading is None:  # specs are immutable: one parsed spec serves every job and cycle that carries it
+            if len(cache.by_comment) >= MAX_COMMENTS:
+                cache.by_comment.clear()
+            reading = cache.by_comment[job.admin_comment] = _from_comment(job.admin_comment)
+        return reading
     if job.job_id not in cache.by_job:
         # For a het component the script is the leader's (Slurm keeps it on component 0).
         script_owner = job.het_job_id if job.het_job_id is not None else job.job_id
@@ -58,8 +74,7 @@ def _spec_for(job: Job, read_script: Callable[[int], str | None], cache: SpecCac
     return d.spec, "script", None
 
 
-def spec_for(job: Job, read_script: Callable[[int], str | None], cache: SpecCache) -> tuple[
-        ElasticSpec | None, SpecSource | None, str | None]:
+def spec_for(job: Job, read_script: Callable[[int], str | None], cache: SpecCache) -> Reading:
     """A job's spec, where it came from, and why it is not elastic (None when it simply has no directives);
     the same reading the units get (moldable start reads waiting jobs' directives with it)."""
     return _spec_for(job, read_script, cache)

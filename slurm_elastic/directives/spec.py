@@ -146,7 +146,12 @@ class ElasticSpec:
                 raise SpecError(f"unknown elastic spec field {name!r}")
             if name not in self.explicit:
                 changes[name] = value
-        return dataclasses.replace(self, **changes)
+        result = dataclasses.replace(self, **changes)
+        known = self.explicit | set(defaults)  # fields whose values are now given, not placeholders
+        if {"scale_up_above", "scale_down_below"} <= known and result.scale_down_below >= result.scale_up_above:
+            raise SpecError(f"invalid elastic spec: scale_down_below={result.scale_down_below} is not below "
+                            f"scale_up_above={result.scale_up_above}")
+        return result
 
     def to_normalized(self) -> str:
         """The normalized text form (see the module docstring)."""
@@ -215,7 +220,8 @@ def _spec_problems(spec: ElasticSpec) -> list[str]:
         return problems
     if spec.max_nodes is not None and spec.min_nodes > spec.max_nodes:
         problems.append(f"min_nodes={spec.min_nodes} is above max_nodes={spec.max_nodes}")
-    if spec.scale_down_below >= spec.scale_up_above:
+    band_given = {"scale_up_above", "scale_down_below"} <= spec.explicit  # one alone meets the site's other
+    if band_given and spec.scale_down_below >= spec.scale_up_above:
         problems.append(
             f"scale_down_below={spec.scale_down_below} is not below scale_up_above={spec.scale_up_above}"
         )
@@ -278,16 +284,18 @@ def check_rules(settings: Mapping[str, Setting]) -> list[DirectiveError]:
                 mn.line, "--min-nodes", f"{mn.value} is above --max-nodes {mx.value}, {_where(mx)}",
                 f"1..{mx.value}"))
 
+    # Both thresholds given: they must make a band. One alone is combined with the site's policy for the job's
+    # partition and account, which only the controller (and `slurm-elastic check --policy`) knows: the
+    # directive defaults are not the site's (the packaged band is 20..90), so they are not compared with here.
     up_s, down_s = settings.get("scale_up_above"), settings.get("scale_down_below")
     up, down = value("scale_up_above"), value("scale_down_below")
-    if down >= up:
-        if up_s is not None and (down_s is None or up_s.pos > down_s.pos):
+    if up_s is not None and down_s is not None and down >= up:
+        if up_s.pos > down_s.pos:
             errors.append(DirectiveError(
                 up_s.line, "--scale-up-above",
                 f"{up} is not above --scale-down-below {down}, {_where(down_s)}",
                 f"{down + 1}..100"))
         else:
-            assert down_s is not None  # the defaults (40 < 80) satisfy the rule
             errors.append(DirectiveError(
                 down_s.line, "--scale-down-below",
                 f"{down} is not below --scale-up-above {up}, {_where(up_s)}", f"0..{up - 1}"))

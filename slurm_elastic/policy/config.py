@@ -227,6 +227,18 @@ class PolicyConfig:
         return cast(bool, self.resolve("goodput_moves").value)
 
     @property
+    def allocator(self) -> bool:
+        return cast(bool, self.resolve("allocator").value)
+
+    @property
+    def fairness_power(self) -> float:
+        return float(cast(float, self.resolve("fairness_power").value))
+
+    @property
+    def fairness_max_rho(self) -> float:
+        return float(cast(float, self.resolve("fairness_max_rho").value))
+
+    @property
     def admit_backoff_s(self) -> int:
         return cast(int, self.resolve("admit_backoff_s").value)
 
@@ -275,6 +287,7 @@ class UnitSettings:
     goodput_min_marginal_efficiency: float
     speedup_growth: bool
     moldable_start: bool
+    mold_only_if_faster: bool
     serving_risk_percent: int
     serving_headroom_percent: int
     serving_up_window_s: int

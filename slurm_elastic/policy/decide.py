@@ -30,6 +30,7 @@ from dataclasses import replace
 from datetime import datetime
 from types import MappingProxyType
 
+from slurm_elastic.policy.allocator import assess
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver
 from slurm_elastic.policy.errors import PolicyInputError
 from slurm_elastic.policy.evaluate import evaluate, tail_text
@@ -72,6 +73,8 @@ def decide(inp: PolicyInput, cfg: PolicyConfig, now: datetime) -> list[Decision]
     ctx = Context(cfg, now, SettingsResolver(cfg), inp.utilization, last_resize, last_grow, cfg.paused_jobs,
                   last_admit_victim, inp.serving)
     works = [evaluate(unit, ctx) for unit in sorted(inp.units, key=lambda u: u.unit_id)]
+    if cfg.allocator:
+        assess(works, ctx)
     Walk(inp, ctx, works, admit_at).run()
     decisions = [_build(w, ctx) for w in works]
     held = hold_blocked(_cap(decisions, cfg.max_actions_per_cycle), inp, now)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Protocol, cast
 
@@ -72,8 +73,25 @@ class FreeNodes(Protocol):
     def take(self, c: MoldCandidate, nodes: int) -> None: ...
 
 
-def plan_molds(candidates: Sequence[MoldCandidate], free: FreeNodes) -> list[Mold]:
-    """The rule: the molds, in the order of ``candidates`` (priority order)."""
+#: Seconds until a candidate's request would fit as asked, or None when that is not known.
+WaitEstimate = Callable[[MoldCandidate], "float | None"]
+
+
+def slower_than_waiting(c: MoldCandidate, nodes: int, wait_s: float) -> bool:
+    """``mold_only_if_faster``: would starting now on ``nodes`` finish later than waiting ``wait_s`` for the
+    request? Its run at the request is its time limit; molded, it takes request / size as long (linear scaling,
+    as the time limit's extension assumes), before any grow back."""
+    if c.time_limit_s is None or nodes <= 0 or c.gpus_per_node <= 0:
+        return False
+    molded = c.time_limit_s * c.request_gpus / (nodes * c.gpus_per_node)
+    return molded > wait_s + c.time_limit_s
+
+
+def plan_molds(candidates: Sequence[MoldCandidate], free: FreeNodes,
+               wait_s: WaitEstimate | None = None) -> list[Mold]:
+    """The rule: the molds, in the order of ``candidates`` (priority order). With ``wait_s``
+    (``mold_only_if_faster``), a candidate is molded only when starting now smaller finishes no later than
+    waiting for its request would (:func:`slower_than_waiting`); one whose wait is unknown is molded as before."""
     molds: list[Mold] = []
     for c in candidates:
         if c.request_nodes <= 1:
@@ -84,6 +102,10 @@ def plan_molds(candidates: Sequence[MoldCandidate], free: FreeNodes) -> list[Mol
         nodes = min(available, c.cap_nodes)
         if nodes >= c.request_nodes or nodes < c.min_nodes:
             continue  # fits as asked: the scheduler's call, not ours
+        if wait_s is not None:
+            wait = wait_s(c)
+            if wait is not None and slower_than_waiting(c, nodes, wait):
+                continue  # its request frees up soon enough: a rigid start finishes first
         factor = c.request_gpus / (nodes * c.gpus_per_node)
         add_s = 0
         if c.time_limit_s is not None:
@@ -169,7 +191,50 @@ def decide_molds(snapshot: ClusterSnapshot, pending: Sequence[tuple[Job, Elastic
         return []
     pool = NodePool(snapshot.nodes, exclude=frozenset(taken_nodes), select=_free_or_planned)
     ordered = [c for _, c in sorted(candidates, key=lambda kc: kc[0])]
-    return plan_molds(ordered, _SnapshotFree(pool, jobs))
+    free = _SnapshotFree(pool, jobs)
+    gated = {c.job_id for c in ordered if resolver.scope(jobs[c.job_id].partition, jobs[c.job_id].account,
+                                                          jobs[c.job_id].qos)["mold_only_if_faster"].value}
+    return plan_molds(ordered, free, _snapshot_wait(snapshot, free, gated) if gated else None)
+
+
+def _snapshot_wait(snapshot: ClusterSnapshot, free: _SnapshotFree, gated: Collection[int]) -> WaitEstimate:
+    """mold_only_if_faster for the controller: seconds until a candidate's request would fit in its partition,
+    from the running jobs there ending at their expected end (Slurm's EndTime, else start + time limit), each
+    giving back its nodes; None for a candidate the key is off for, or whose request never fits that way."""
+    now = snapshot.taken_at
+    by_part: dict[str, list[tuple[float, int]]] = {}
+    for job in snapshot.jobs:
+        if not job.is_running or not job.nodes:
+            continue
+        end = job.end_time
+        if end is None and job.start_time is not None and job.time_limit_min is not None:
+            end = job.start_time + timedelta(minutes=job.time_limit_min)
+        if end is None:
+            continue
+        for part in {p for n in job.nodes for p in _partitions(snapshot, n)}:
+            held = sum(1 for n in job.nodes if part in _partitions(snapshot, n))
+            by_part.setdefault(part, []).append((max(0.0, (end - now).total_seconds()), held))
+    for ends in by_part.values():
+        ends.sort()
+
+    def wait(c: MoldCandidate) -> float | None:
+        if c.job_id not in gated:
+            return None
+        have = free.free(c)
+        for left, nodes in by_part.get(c.pool, ()):
+            if have >= c.request_nodes:
+                break
+            have += nodes
+            if have >= c.request_nodes:
+                return left
+        return 0.0 if have >= c.request_nodes else None
+
+    return wait
+
+
+def _partitions(snapshot: ClusterSnapshot, name: str) -> tuple[str, ...]:
+    node = snapshot.node(name)
+    return node.partitions if node is not None else ()
 
 
 def _free_or_planned(node: Node) -> bool:

@@ -158,6 +158,19 @@ KEYS: tuple[KeyDef, ...] = (
            "node moves: a speedup_growth grow that finds no free node takes one from the unit whose last node "
            "is worth least, when the seconds it saves net of its restart exceed what the other loses plus its "
            "restart (GOODPUT_MOVE); one move per unit per cycle; needs speedup_growth for the growers"),
+    KeyDef("allocator", Kind.BOOL, False, None, None, GLOBAL_ONLY,
+           "the goodput-fair allocator (policy/allocator.py): shrink-to-admit takes one node at a time from the "
+           "unit whose finish-time fairness (rho = projected JCT / rigid-equivalent JCT) would stay lowest, none "
+           "past fairness_max_rho or the waiting job's own rho, whichever is higher; spare nodes go to units behind "
+           "their rigid pace first, then by the gain in sum(x ** fairness_power / fairness_power) (x: speed over "
+           "the speed at the requested size); grows are valued by speedup_growth's model when it is on"),
+    KeyDef("fairness_power", Kind.FLOAT, -0.5, -4.0, -0.05, GLOBAL_ONLY,
+           "allocator: the power p < 0 of the objective sum(x ** p / p) that ranks grows (Sia -0.5; Pollux's "
+           "harmonic form -1): the more negative, the more a job below its requested speed counts"),
+    KeyDef("fairness_max_rho", Kind.FLOAT, 1.2, 1.0, 10.0, GLOBAL_ONLY,
+           "allocator: no shrink for others takes a unit to a size at which its projected JCT would exceed this "
+           "many times its rigid-equivalent JCT, unless the waiting job it gives way to is already further behind "
+           "(then as far as that job's own)"),
     KeyDef("admit_backoff_s", Kind.DURATION, 1800, 0, _DAY, GLOBAL_ONLY,
            "after a shrink-to-admit for a pending job, no further one for it until a job that held nodes of its "
            "partitions ends or its request changes, and at most this long"),
@@ -205,6 +218,10 @@ KEYS: tuple[KeyDef, ...] = (
            "start at its request but whose #ELASTIC min fits the free whole nodes is reshaped to start now on "
            "them, with its time limit scaled by request / size; it keeps its request as its max and grows "
            "back (MOLDABLE_START)"),
+    KeyDef("mold_only_if_faster", Kind.BOOL, False, None, None, ALL_SCOPES,
+           "moldable start only when it pays for the job itself: a waiting job is molded only if its run at the "
+           "smaller size (its time limit x request / size) ends no later than waiting for its request would "
+           "(the running jobs' expected ends: start + time limit) plus its run at the request"),
     # --- serving units (#ELASTIC --serving; docs/serving.md) ---------------------------------------------------
     KeyDef("serving_risk_percent", Kind.PERCENT, 90, 1, 100, ALL_SCOPES,
            "serving: the SLO is at risk (scale out at once, SLO_AT_RISK) when the p99 latency of the short window "

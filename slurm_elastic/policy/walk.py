@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from slurm_elastic.policy.allocator import VictimHeap, grow_key, victim_limit, water_fill
 from slurm_elastic.policy.capacity import (
     FreeGres,
     Need,
@@ -191,6 +192,7 @@ class Walk:
     live_victims: dict[str, _Live[UnitWork]] = field(default_factory=dict)  # victims with surplus left
     live_freeing: dict[str, _Live[tuple[str, UnitWork]]] = field(default_factory=dict)  # not claimed yet
     waiting_parts: set[str] = field(default_factory=set)  # partitions with a pending job waiting for nodes
+    fair_heaps: dict[str, VictimHeap] = field(default_factory=dict)  # allocator: partition -> its victims by rho
 
     def __post_init__(self) -> None:
         snap = self.inp.snapshot
@@ -251,7 +253,8 @@ class Walk:
                 account = w.unit.job.account or NO_ACCOUNT
                 part_d[account] = part_d.get(account, 0) + w.want
         for part, lst in self.victims.items():
-            lst.sort(key=self._victim_order())
+            # the allocator picks among the lower-priority victims by rho itself: priority order lets a scan stop
+            lst.sort(key=(lambda v: (v.priority, v.unit_id)) if self.ctx.cfg.allocator else self._victim_order())
             self.live_victims[part] = _Live(lst, _exhausted)
         claimed = self.claimed  # not self: no reference cycle through the walk
         for part, pairs in self.freeing.items():
@@ -299,7 +302,8 @@ class Walk:
                 self.waiting_parts.update(p for p in job.partition.split(",") if p)
         # speedup_growth: those grows go by their saving among themselves, all after the pending jobs of priority
         # >= the lowest of them, so that they share only nodes no such pending job can use (the spare nodes)
-        by_gain = [w for w in self.works if w.action is Action.GROW and w.gain_s is not None and not w.tail_regrow]
+        by_gain = [w for w in self.works if w.action is Action.GROW and not w.tail_regrow
+                   and (w.gain_s is not None or w.plan_value is not None)]
         floor = min((w.priority for w in by_gain), default=0)
         for w in self.works:
             if w.action is not Action.GROW:
@@ -308,6 +312,8 @@ class Walk:
                 events.append(((-(1 << 62) - 1, 0, w.unit_id), w))
             elif w.tail_regrow:  # a tail_protection regrow goes first, ahead of pending jobs
                 events.append(((-(1 << 62), 0, w.unit_id), w))
+            elif w.plan_value is not None:  # allocator: by the objective, after the pending jobs like by_gain
+                events.append(((-floor, 1, *grow_key(w)), w))
             elif w.gain_s is not None:
                 events.append(((-floor, 1, -w.gain_s, w.unit_id), w))
             else:
@@ -524,7 +530,9 @@ class Walk:
         still = deficit - len(claims)
         tentative: list[tuple[UnitWork, int]] = []
         seen: set[int] = set()  # a unit on nodes of several of the job's partitions is asked once
-        for part in parts:
+        if cfg.allocator and still > 0:
+            tentative, still = self._fair_victims(job, part_set, parts, need, still)
+        for part in parts if not cfg.allocator else ():
             live_victims = self.live_victims.get(part)
             for w in live_victims if live_victims is not None else ():
                 if still <= 0 or (w.priority >= job.priority and not by_service):
@@ -550,7 +558,9 @@ class Walk:
             return  # the nodes that metric shrinks give back anyway are enough
         basis = self._admit_basis(job, part_set)
         for w, k in tentative:
-            if cfg.victim_by_goodput:
+            if cfg.allocator and w.fairness is not None:
+                w.inputs["rho_after_shrink"] = round(w.fairness.rho_at(w.current - w.taken - k), 3)
+            elif cfg.victim_by_goodput:
                 v = w.node_value
                 w.inputs["victim_loss_s"] = None if v is None or v.loss_s is None else round(v.loss_s, 1)
             elif cfg.victim_by_remaining:
@@ -562,6 +572,38 @@ class Walk:
             w.admit_taken += k
             w.admit_basis.append(basis)
             w.admit_priority = max(w.admit_priority, job.priority)
+
+    def _fair_victims(self, job: Job, part_set: set[str], parts: tuple[str, ...], need: Need,
+                      still: int) -> tuple[list[tuple[UnitWork, int]], int]:
+        """allocator: the lower-priority victims' nodes, one at a time from the unit whose rho after the shrink
+        would be lowest, none below the size at which its rho would pass fairness_max_rho (policy/allocator.py).
+        Returns the picks and how many nodes are still missing (all of ``still`` when they are not enough)."""
+        max_rho = victim_limit(job, self.ctx.now, self.ctx.cfg.fairness_max_rho)
+
+        def helps(w: UnitWork, k: int) -> bool:
+            return self._helps(w.removal()[w.taken + k].node, w, part_set, need)
+
+        if len(parts) == 1:  # the common case: one heap per partition, kept across the walk
+            heap = self.fair_heaps.get(parts[0])
+            if heap is None:
+                heap = self.fair_heaps[parts[0]] = VictimHeap(self.victims.get(parts[0], ()))
+            found = heap.take(job.priority, still, max_rho, helps)
+            return (found, 0) if found is not None else ([], still)
+        candidates: list[tuple[UnitWork, int]] = []
+        seen: set[int] = set()
+        for part in parts:
+            live_victims = self.live_victims.get(part)
+            for w in live_victims if live_victims is not None else ():
+                if w.priority >= job.priority:
+                    break  # the allocator keeps victims in priority order: no lower-priority one is left
+                if w.unit_id in seen:
+                    continue
+                seen.add(w.unit_id)
+                most = min(w.current - w.taken - max(w.unit.min_nodes, w.admit_floor), len(w.removal()) - w.taken)
+                if most > 0:
+                    candidates.append((w, most))
+        picks = water_fill(candidates, still, max_rho, helps)
+        return (picks, 0) if picks is not None else ([], still)
 
     def _note_spared(self, job: Job, parts: tuple[str, ...]) -> None:
         """tail_protection: the lower-priority units with surplus that were spared for ``job`` because they ran

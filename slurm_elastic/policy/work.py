@@ -14,6 +14,7 @@ from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.policy.shrink import Removable, removal_order
 
 if TYPE_CHECKING:
+    from slurm_elastic.policy.fairness import Fairness
     from slurm_elastic.policy.goodput_trade import NodeValue
 
 NO_ACCOUNT = "(none)"
@@ -58,6 +59,9 @@ class UnitWork:
     node_value: NodeValue | None = None  # victim_by_goodput / goodput_moves: what its last node is worth
     move_to: int | None = None  # goodput_moves: the unit it gives a node to
     moved_from: int | None = None  # goodput_moves: the unit that gives it a node
+    fairness: Fairness | None = None  # allocator: finish-time fairness (policy/fairness.py)
+    fair_protected: bool = False  # allocator: rho > 1, never a victim, first for spare nodes
+    plan_value: float | None = None  # allocator: its grow's gain in the fairness objective (ranks grows)
 
     @property
     def unit_id(self) -> int:

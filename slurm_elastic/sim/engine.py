@@ -185,6 +185,7 @@ class Simulation:
         # Moldable start: SimConfig's switch, or the policy's own ``moldable_start`` key (the one the controller
         # reads; a production policy exposes it), so that a policy file switches it in both places.
         self._molding = policy is not None and (config.moldable_start or bool(getattr(policy, "moldable_start", False)))
+        self._mold_if_faster = bool(getattr(policy, "mold_only_if_faster", False))
         self.on_progress = on_progress
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, int]] = []
@@ -393,6 +394,24 @@ class Simulation:
         self._pending_views = [j.pending_view for j in self._pending]
         self._queue.append((self.now, len(self._pending)))
 
+    def _wait_estimate(self) -> Callable[[MoldCandidate], float | None]:
+        """mold_only_if_faster: seconds until a candidate's GPUs are free, from the running jobs' expected ends
+        (start + time limit, what Slurm's backfill plans with), as of now; None when they never are."""
+        ends = sorted((job.run_start + job.time_limit, job.gpus) for job in self._running.values())
+        free, now = self.cluster.free_total, self.now
+
+        def wait(c: MoldCandidate) -> float | None:
+            have = free
+            for end, gpus in ends:
+                if have >= c.request_gpus:
+                    break
+                have += gpus
+                if have >= c.request_gpus:
+                    return max(0.0, end - now)
+            return 0.0 if have >= c.request_gpus else None
+
+        return wait
+
     def _mold(self) -> set[int]:
         """Moldable start: after the base scheduler, start waiting jobs (in priority order) that fit on fewer
         whole nodes than they asked for, at least their min, on the most whole nodes that are free. The rule is
@@ -400,9 +419,12 @@ class Simulation:
         g = self.cluster.gpus_per_node
         waiting = {job.index: job for job in self._pending if job.index not in self._running}
         candidates = [MoldCandidate(index, job.spec.job_id, "", -(-job.spec.num_gpus // g), job.spec.num_gpus // g,
-                                    job.min_nodes, job.spec.num_gpus, g) for index, job in waiting.items()]
+                                    job.min_nodes, job.spec.num_gpus, g,
+                                    time_limit_s=job.time_limit if self._mold_if_faster else None)
+                      for index, job in waiting.items()]
         started: set[int] = set()
-        for mold in plan_molds(candidates, CountedFree(lambda: self.cluster.free_total // g)):
+        wait = self._wait_estimate() if self._mold_if_faster else None
+        for mold in plan_molds(candidates, CountedFree(lambda: self.cluster.free_total // g), wait):
             job = waiting[mold.candidate.job_id]
             job.time_limit *= mold.time_limit_factor
             job.molded = True

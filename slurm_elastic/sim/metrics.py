@@ -124,3 +124,49 @@ def summarize(result: SimResult, starvation_threshold: float = DEFAULT_STARVATIO
         resizes=sum(j.resizes for j in jobs) / len(jobs),
         jobs=len(jobs),
     )
+
+
+#: JCTs below this count as this long when comparing one job's two runs, so that a one-minute job delayed by
+#: one cycle does not count as twice as late (issue 27's 10-minute floor).
+SLOWDOWN_FLOOR_S = 600.0
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """Per job, elastic JCT over rigid JCT of the same trace (both floored at ``floor_s``): the share of jobs
+    that finished later than under rigid, later by more than 1.25x and by more than 2x, and the worst ratio."""
+
+    jobs: int
+    later: float
+    later_125: float
+    later_2: float
+    worst: float
+    worst_job: str
+    floor_s: float
+
+    def as_dict(self, digits: int = 4) -> dict[str, float | int | str]:
+        return {k: (round(v, digits) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def slowdown(baseline: SimResult, elastic: SimResult, floor_s: float = SLOWDOWN_FLOOR_S) -> Slowdown:
+    """Per-job slowdown of ``elastic`` against ``baseline`` (jobs matched by id; both runs finish every job)."""
+    rigid = {j.job_id: j.jct for j in baseline.jobs}
+    ratios: list[tuple[float, str]] = []
+    for job in elastic.jobs:
+        base = rigid.get(job.job_id)
+        if base is None:
+            raise ValueError(f"job {job.job_id} is in the elastic run but not in the baseline")
+        ratios.append((max(job.jct, floor_s) / max(base, floor_s), job.job_id))
+    if not ratios:
+        return Slowdown(0, 0.0, 0.0, 0.0, 1.0, "", floor_s)
+    n = len(ratios)
+    worst, worst_job = max(ratios, key=lambda r: (r[0], r[1]))
+    return Slowdown(
+        jobs=n,
+        later=sum(1 for r, _ in ratios if r > 1.0 + 1e-9) / n,
+        later_125=sum(1 for r, _ in ratios if r > 1.25) / n,
+        later_2=sum(1 for r, _ in ratios if r > 2.0) / n,
+        worst=worst,
+        worst_job=worst_job,
+        floor_s=floor_s,
+    )

@@ -233,6 +233,7 @@ class ProductionPolicy:
         self.settings = settings or AdapterSettings()
         # the policy's global moldable_start: the engine molds waiting jobs with the controller's rule when on
         self.moldable_start = bool(cfg.resolve("moldable_start").value)
+        self.mold_only_if_faster = bool(cfg.resolve("mold_only_if_faster").value)
         self.calls = 0
         self.actions: Counter[str] = Counter()  # "grow SPEEDUP_GAIN" -> grows and shrinks decided (for bench/)
         self._ids: dict[str, int] = {}

@@ -23,7 +23,7 @@ import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from slurm_elastic.slurm import hostlist
 from slurm_elastic.slurm.accounting import (
@@ -42,13 +42,15 @@ from slurm_elastic.slurm.accounting import (
     parse_sacct_states,
     parse_sshare,
 )
+from slurm_elastic.slurm.decode import JobMemo, read_nodes, read_squeue
 from slurm_elastic.slurm.errors import SlurmCommandError, SlurmError, SlurmParseError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job, Node, Partition
-from slurm_elastic.slurm.openapi import gc_paused, parse_nodes, parse_squeue
+from slurm_elastic.slurm.openapi import ReplyMeta, gc_paused
 from slurm_elastic.slurm.runner import SlurmCommands
 from slurm_elastic.slurm.scontrol_text import parse_partitions
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 class ResizeRefusedError(SlurmError):
@@ -120,20 +122,25 @@ class SlurmCli:
         self._cluster: tuple[str | None] | None = None  # ClusterName, once read
         self._resume_timeout: tuple[float | None] | None = None  # ResumeTimeout, once read
         self._scontrol_json: bool | None = None  # does scontrol take --json (23.02+)? None: not tried yet
+        self._jobs_seen = JobMemo()  # the last squeue's records: unchanged jobs are not built again
 
     # --- read ------------------------------------------------------------------------------------------
-    def _json(self, argv: Sequence[str]) -> object:
+    def _read(self, argv: Sequence[str], read: Callable[[str], R]) -> R:
+        """A JSON reply read by ``read`` (slurm/decode.py: typed, straight from the text into records)."""
         out = self.cmd.run(argv).stdout
         try:
-            return json.loads(out)
+            return read(out)
         except json.JSONDecodeError as e:
             raise SlurmParseError(f"{argv[0]} returned invalid JSON ({e.msg} at char {e.pos})") from e
         except RecursionError:  # nested too deeply for the decoder: typed, so the cycle carries on
             raise SlurmParseError(f"{argv[0]} returned JSON nested too deeply") from None
 
+    def _read_squeue(self, text: str) -> tuple[ReplyMeta, tuple[Job, ...]]:
+        return read_squeue(text, self._jobs_seen)
+
     def jobs(self) -> tuple[Job, ...]:
         with gc_paused():
-            return parse_squeue(self._json(["squeue", "--all", "--json"]))[1]
+            return self._read(["squeue", "--all", "--json"], self._read_squeue)[1]
 
     def nodes(self) -> tuple[Node, ...]:
         with gc_paused():
@@ -144,7 +151,7 @@ class SlurmCli:
         --json`` groups nodes (CPUs summed, the first node's port, no address). 22.05: ``sinfo --json``."""
         if self._scontrol_json is not False:
             try:
-                doc = self._json(["scontrol", "show", "nodes", "--json"])
+                nodes = self._read(["scontrol", "show", "nodes", "--json"], read_nodes)[1]
             except SlurmCommandError as e:
                 if self._scontrol_json is None and "unrecognized option" in e.message.lower():
                     self._scontrol_json = False  # 22.05: "scontrol: unrecognized option '--json'"
@@ -152,15 +159,15 @@ class SlurmCli:
                     raise
             else:
                 self._scontrol_json = True
-                return parse_nodes(doc)[1]
-        return parse_nodes(self._json(["sinfo", "--json"]))[1]
+                return nodes
+        return self._read(["sinfo", "--json"], read_nodes)[1]
 
     def partitions(self) -> tuple[Partition, ...]:
         return parse_partitions(self.cmd.run(["scontrol", "-o", "show", "partition"]).stdout)
 
     def snapshot(self) -> ClusterSnapshot:
         with gc_paused():  # the cycle's largest allocation (openapi.gc_paused says why)
-            meta, jobs = parse_squeue(self._json(["squeue", "--all", "--json"]))
+            meta, jobs = self._read(["squeue", "--all", "--json"], self._read_squeue)
             nodes = self._nodes()
         return ClusterSnapshot(
             taken_at=datetime.now(tz=UTC),

@@ -76,7 +76,7 @@ def parse_meta(doc: Any) -> ReplyMeta:
     return ReplyMeta(data_parser=version, slurm_release=str(release) if release is not None else None)
 
 
-def _errors(doc: Mapping[str, Any]) -> None:
+def check_errors(doc: Mapping[str, Any]) -> None:
     errs = doc.get("errors") or []
     if isinstance(errs, list) and errs:
         msgs = []
@@ -124,7 +124,7 @@ def _time(value: Any) -> datetime | None:
         return None
 
 
-def _state(value: Any) -> tuple[str, tuple[str, ...]]:
+def state_of(value: Any) -> tuple[str, tuple[str, ...]]:
     """``"RUNNING"`` or ``["RUNNING", "COMPLETING"]`` -> (base, flags), upper case."""
     if isinstance(value, str):
         parts = [p for p in value.replace("+", " ").split() if p]
@@ -155,7 +155,7 @@ def _end_time(value: Any, state: str, flags: tuple[str, ...], time_limit: int | 
     return _time(value)
 
 
-def _output_path(value: Any, working_dir: str | None) -> str | None:
+def output_path(value: Any, working_dir: str | None) -> str | None:
     """``--output``/``--error`` as an absolute path (pattern): 22.05 and 26.05 give the raw pattern, relative to
     the working directory when the user gave it so; 24.11 gives it already expanded and absolute."""
     path = _str(value)
@@ -174,7 +174,7 @@ def _job(raw: Any) -> Job:
     job_id = num(j.get("job_id"))
     if job_id is None:
         raise SlurmParseError(f"job without job_id: {str(j)[:200]}")
-    state, flags = _state(j.get("job_state"))
+    state, flags = state_of(j.get("job_state"))
     nodes_expr = _str(j.get("nodes"))
     # v0.0.38 reports het_job_offset 0 for non-het jobs too: a job is a het component only with het_job_id set.
     het_id = _positive_or_none(j.get("het_job_id"))
@@ -211,8 +211,8 @@ def _job(raw: Any) -> Job:
         array_task_id=num(j.get("array_task_id")) if array_job is not None else None,
         batch_flag=bool(j.get("batch_flag", True)),
         working_dir=working_dir,
-        standard_output=_output_path(j.get("standard_output"), working_dir),
-        standard_error=_output_path(j.get("standard_error"), working_dir),
+        standard_output=output_path(j.get("standard_output"), working_dir),
+        standard_error=output_path(j.get("standard_error"), working_dir),
     )
 
 
@@ -232,9 +232,18 @@ def gc_paused() -> Iterator[None]:
 
 
 def parse_squeue(doc: Any) -> tuple[ReplyMeta, tuple[Job, ...]]:
-    """Parse a ``squeue --json`` reply (any known version)."""
+    """Parse a decoded ``squeue --json`` reply (any known version): the typed reading of slurm/decode.py (text
+    goes to its ``read_squeue``), which hands what it does not type to :func:`walk_squeue`."""
+    from slurm_elastic.slurm.decode import convert_squeue  # decode builds on this module
+
+    return convert_squeue(doc)
+
+
+def walk_squeue(doc: Any) -> tuple[ReplyMeta, tuple[Job, ...]]:
+    """A decoded ``squeue --json`` reply read field by field: any JSON value anywhere gets a result or a
+    SlurmParseError naming what is wrong (the reference the typed reading is held to)."""
     d = _obj(doc, "squeue reply")
-    _errors(d)
+    check_errors(d)
     meta = parse_meta(d)
     jobs = d.get("jobs")
     if not isinstance(jobs, list):
@@ -251,7 +260,7 @@ def _reason(value: Any) -> str | None:
 
 def _node(n: Mapping[str, Any]) -> Node:
     """One node object: 22.05's ``sinfo --json`` ``nodes`` entries and ``scontrol show nodes --json`` (23.02+)."""
-    state, flags = _state(n.get("state"))
+    state, flags = state_of(n.get("state"))
     extra = n.get("state_flags") or []
     if isinstance(extra, list):
         flags = tuple(dict.fromkeys([*flags, *(str(f).upper() for f in extra)]))
@@ -295,7 +304,7 @@ def _nodes_from_sinfo_entries(entries: list[Any]) -> tuple[Node, ...]:
         hosts = [h for name in names for h in hostlist.expand(str(name))]
         single = len(hosts) == 1
         part = _sub(e, "partition").get("name")
-        state, flags = _state(_sub(e, "node").get("state"))
+        state, flags = state_of(_sub(e, "node").get("state"))
         cpus = _sub(e, "cpus")
         gres = _sub(e, "gres")
         if single:
@@ -322,9 +331,17 @@ def _nodes_from_sinfo_entries(entries: list[Any]) -> tuple[Node, ...]:
 
 
 def parse_nodes(doc: Any) -> tuple[ReplyMeta, tuple[Node, ...]]:
-    """Parse ``sinfo --json`` (22.05 ``nodes``; 23.02+ ``sinfo``) or ``scontrol show nodes --json``."""
+    """Parse a decoded ``sinfo --json`` (22.05 ``nodes``; 23.02+ ``sinfo``) or ``scontrol show nodes --json``
+    reply: the typed reading of slurm/decode.py, as :func:`parse_squeue`."""
+    from slurm_elastic.slurm.decode import convert_nodes
+
+    return convert_nodes(doc)
+
+
+def walk_nodes(doc: Any) -> tuple[ReplyMeta, tuple[Node, ...]]:
+    """A decoded node reply read field by field, as :func:`walk_squeue`."""
     d = _obj(doc, "sinfo reply")
-    _errors(d)
+    check_errors(d)
     meta = parse_meta(d)
     if isinstance(d.get("nodes"), list):
         return meta, tuple(_node(_obj(n, "node")) for n in d["nodes"])

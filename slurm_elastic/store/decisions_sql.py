@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 
-from slurm_elastic.store.coltypes import dump_json
+from slurm_elastic.store.coltypes import LongText, dump_json
 from slurm_elastic.store.database import Database, require_aware
 from slurm_elastic.store.errors import StoreInputError
 from slurm_elastic.store.lease_sql import check_fencing
@@ -38,12 +38,13 @@ def cycle_record(row: CycleColumns) -> CycleRecord:
                        dry_run=row.dry_run, decisions=row.decisions, actions=row.actions, error=row.error)
 
 
-def _check(d: NewDecision) -> None:
+def _checked_inputs(d: NewDecision) -> str:
+    """The decision's inputs as the JSON text stored (serialized once: the check and the row share it)."""
     for name, value in (("action", d.action), ("reason", d.reason)):
         if not value or len(value) > 64:
             raise StoreInputError(f"decision for job {d.job_id}: {name} must be 1..64 characters, got {value!r}")
     try:
-        dump_json(dict(d.inputs))
+        return dump_json(dict(d.inputs))
     except (TypeError, ValueError) as e:
         raise StoreInputError(f"decision for job {d.job_id}: inputs are not JSON: {e}") from e
 
@@ -97,25 +98,36 @@ class SqlDecisions:
         """Store one cycle's decisions in ONE transaction (all or none); their ids, in order. With ``fencing``,
         only while that token still holds the lease (LeaseLostError otherwise, nothing written): a controller
         that lost the lease mid-cycle must not record what the new holder records too (a loss counted twice)."""
-        for d in decisions:
-            _check(d)
-        if not decisions:
+        return self.record_rows(cycle_id, decisions, (), fencing=fencing)
+
+    def record_rows(self, cycle_id: int, with_ids: Sequence[NewDecision], without_ids: Sequence[NewDecision], *,
+                    fencing: FencingToken | None = None) -> list[int]:
+        """As :meth:`record_decisions`, both sequences in ONE transaction, returning the ids of ``with_ids``
+        only: rows nothing refers to by id (holds; the journal refers to grows and shrinks) go in one plain
+        multi-row INSERT. Ids in order need one statement per row on SQLite (RETURNING's order is not
+        guaranteed there): a first cycle's 11,580 holds took 0.35 s with their ids, 0.1 s without."""
+        texts = [_checked_inputs(d) for d in with_ids], [_checked_inputs(d) for d in without_ids]
+        if not with_ids and not without_ids:
             return []
         now = self._db.now()
-        D = self._db.models.decision
+        table: Table = self._db.models.decision.__table__  # type: ignore[attr-defined]
+        rows = [[dict(time=now, cycle_id=cycle_id, job_id=d.job_id, action=d.action, reason=d.reason,
+                      message=d.message[:MAX_TEXT], inputs_text=text, current_nodes=d.current_nodes,
+                      target_nodes=d.target_nodes, signal=d.signal, profile=d.profile, paused=d.paused,
+                      dry_run=d.dry_run)
+                 for d, text in zip(group, group_texts, strict=True)]
+                for group, group_texts in zip((with_ids, without_ids), texts, strict=True)]
+        # Core multi-row INSERTs (SQLAlchemy's insertmanyvalues) instead of an ORM object per row.
+        stmt = insert(table).values(inputs=bindparam("inputs_text", type_=LongText))
+        ids: list[int] = []
         with self._db.write("record decisions") as s:
             if fencing is not None:
                 check_fencing(s, self._db.models, fencing, now)
-            rows = [
-                D(time=now, cycle_id=cycle_id, job_id=d.job_id, action=d.action, reason=d.reason,
-                  message=d.message[:MAX_TEXT], inputs=dict(d.inputs), current_nodes=d.current_nodes,
-                  target_nodes=d.target_nodes, signal=d.signal, profile=d.profile, paused=d.paused,
-                  dry_run=d.dry_run)
-                for d in decisions
-            ]
-            s.add_all(rows)
-            s.flush()
-            ids = [int(r.id) for r in rows]
+            if rows[0]:
+                returning = stmt.returning(table.c.id, sort_by_parameter_order=True)
+                ids = [int(i) for i in s.execute(returning, rows[0]).scalars()]
+            if rows[1]:
+                s.execute(stmt, rows[1])
         return ids
 
     def list_decisions(self, flt: DecisionFilter | None = None) -> list[DecisionRecord]:

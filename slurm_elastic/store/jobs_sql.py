@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import Table, bindparam, delete, insert, or_, select, update
 
 from slurm_elastic.store.database import Database, require_aware
 from slurm_elastic.store.errors import StoreInputError
@@ -33,6 +35,31 @@ def extension_record(row: ExtensionJobColumns) -> ExtensionRecord:
     )
 
 
+_CHUNK = 500  # job ids per IN (...) read: under every backend's limit on bound parameters
+
+
+#: The columns an observation sets, besides submit_time (which only a reused job id may change) and last_seen.
+_OBSERVED = ("het_job_id", "het_offset", "user", "account", "partition", "qos", "name", "spec", "spec_source",
+             "spec_error", "current_nodes", "min_nodes", "max_nodes", "nodelist", "gpus_per_node", "state")
+
+
+def _values(obs: JobObservation) -> tuple[Any, ...]:
+    """The observation's values of :data:`_OBSERVED`, in that order (compared with a stored row's as a tuple)."""
+    return (obs.het_job_id, obs.het_offset, obs.user, obs.account, obs.partition, obs.qos, obs.name, obs.spec,
+            SpecSource(obs.spec_source).value, None if obs.spec_error is None else obs.spec_error[:MAX_TEXT],
+            obs.current_nodes, obs.min_nodes, obs.max_nodes, obs.nodelist, obs.gpus_per_node, obs.state)
+
+
+def _fields(obs: JobObservation, now: datetime) -> dict[str, Any]:
+    """The columns an observation sets (besides submit_time, which only a reused job id may change)."""
+    return {**dict(zip(_OBSERVED, _values(obs), strict=True)), "last_seen": now}
+
+
+def _reused(stored: datetime | None, seen: datetime | None) -> bool:
+    """A stored row whose submit time differs from what Slurm says: the job id was reused."""
+    return stored is not None and seen is not None and stored != seen
+
+
 def _check(obs: JobObservation) -> None:
     if not (0 <= obs.min_nodes <= obs.max_nodes) or obs.current_nodes < 0:
         raise StoreInputError(f"job {obs.job_id}: nodes must satisfy 0 <= min <= max and current >= 0, got "
@@ -51,18 +78,10 @@ class SqlJobs:
         _check(obs)
         now = self._db.now()
         J = self._db.models.elastic_job
-        fields = dict(
-            het_job_id=obs.het_job_id, het_offset=obs.het_offset, user=obs.user, account=obs.account,
-            partition=obs.partition, qos=obs.qos, name=obs.name, spec=obs.spec,
-            spec_source=SpecSource(obs.spec_source).value,
-            spec_error=None if obs.spec_error is None else obs.spec_error[:MAX_TEXT],
-            current_nodes=obs.current_nodes, min_nodes=obs.min_nodes, max_nodes=obs.max_nodes,
-            nodelist=obs.nodelist, gpus_per_node=obs.gpus_per_node, state=obs.state, last_seen=now,
-        )
+        fields = _fields(obs, now)
         with self._db.write("record elastic job") as s:
             row = s.get(J, obs.job_id, with_for_update=True)
-            reused = (row is not None and row.submit_time is not None and obs.submit_time is not None
-                      and row.submit_time != obs.submit_time)
+            reused = row is not None and _reused(row.submit_time, obs.submit_time)
             if row is None or reused:
                 if row is not None:
                     s.delete(row)
@@ -77,6 +96,49 @@ class SqlJobs:
                     row.submit_time = obs.submit_time
             s.flush()
             return job_record(row)
+
+    def observe_jobs(self, observations: Sequence[JobObservation]) -> int:
+        """Record what a cycle saw of its elastic units in ONE transaction, by change: a unit seen for the first
+        time (or a reused job id) is inserted, one whose fields changed is updated, an unchanged one is not
+        written at all, so a cycle in which nothing changed writes nothing (``last_seen`` is then the time of
+        the row's last change; an active row is one the controller still sees). The rules of
+        :meth:`upsert_job` per row. Returns the number of rows written."""
+        for obs in observations:
+            _check(obs)
+        by_id = {obs.job_id: obs for obs in observations}
+        if not by_id:
+            return 0
+        now = self._db.now()
+        table: Table = self._db.models.elastic_job.__table__  # type: ignore[attr-defined]
+        inserts: list[dict[str, Any]] = []
+        updates: list[dict[str, Any]] = []
+        replaced: list[int] = []
+        with self._db.write("record elastic jobs") as s:
+            stored: dict[int, tuple[datetime | None, tuple[Any, ...]]] = {}  # job id -> (submit time, _OBSERVED)
+            cols = [table.c[name] for name in _OBSERVED]
+            ids = sorted(by_id)
+            for i in range(0, len(ids), _CHUNK):
+                chunk = select(table.c.job_id, table.c.submit_time, *cols).where(table.c.job_id.in_(ids[i:i + _CHUNK]))
+                for job_id, submit_time, *values in s.execute(chunk):
+                    stored[job_id] = (submit_time, tuple(values))
+            for job_id, obs in by_id.items():
+                found = stored.get(job_id)
+                if found is None or _reused(found[0], obs.submit_time):
+                    if found is not None:
+                        replaced.append(job_id)
+                    inserts.append(dict(job_id=job_id, paused=False, first_seen=now, submit_time=obs.submit_time,
+                                        ended_at=None, **_fields(obs, now)))
+                    continue
+                submit = obs.submit_time if obs.submit_time is not None else found[0]
+                if submit != found[0] or _values(obs) != found[1]:
+                    updates.append(dict(row_id=job_id, submit_time=submit, **_fields(obs, now)))
+            if replaced:
+                s.execute(delete(table).where(table.c.job_id.in_(replaced)))
+            if inserts:
+                s.execute(insert(table), inserts)
+            if updates:
+                s.execute(update(table).where(table.c.job_id == bindparam("row_id")), updates)
+        return len(inserts) + len(updates)
 
     def mark_job_ended(self, job_id: int, state: str) -> bool:
         """The unit left Slurm's queue (or reached a final state); False if it is not known."""

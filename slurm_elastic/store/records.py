@@ -332,6 +332,17 @@ class AgentRecord:
 
 
 @dataclass(frozen=True)
+class AgentScrape:
+    """One scrape of a node's agent in a cycle: a success (``error`` None) or why it failed."""
+
+    node: str
+    url: str
+    version: str | None = None
+    gpu_count: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class CycleRecord:
     id: int
     started_at: datetime

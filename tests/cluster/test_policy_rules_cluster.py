@@ -81,6 +81,40 @@ def test_high_qos_job_pending_behind_elastic_surplus_is_admitted_by_shrinking_th
           f"high job running {datetime.fromtimestamp(started, tz=UTC):%H:%M:%S}")
 
 
+def test_the_allocator_admits_an_arrival_by_one_node_from_each_of_two_jobs_and_says_their_rho(
+        stack: Agents, tmp_path: Path) -> None:
+    """allocator = true: bob's and alice's elastic jobs hold two nodes each (min 1), a rigid `high` job needs
+    two. The allocator takes one node from each (water-filled by finish-time fairness), every shrink decision
+    carries the victim's rho and its rho after the shrink, and Slurm starts the high job. The policy lets a
+    victim's rho reach 2.0 (fairness_max_rho): with an hour left, one node of two takes it to ~1.4."""
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    directives = "#ELASTIC --min-nodes 1 --max-nodes 2 --window 10s --cooldown 15s --grace 3s --signal USR2"
+    jobs = [cluster.submit(elastic_script(BAND, directives, marker), "-N2", "--gres=gpu:4", "--time=60", user=u)
+            for u in ("bob", "alice")]
+    for j in jobs:
+        cluster.wait_state(j, {"RUNNING"})
+    high = cluster.submit("#!/bin/bash\nsleep 600\n", "-N2", "--gres=gpu:4", "--qos=high", "--time=30",
+                          user="alice")
+    wait_until("Slurm to give the high job a pending reason", lambda: str(
+        (cluster.job_record(high) or {}).get("state_reason") or "None") != "None", 30)
+    cfg = controller_config(tmp_path, stack)
+    (tmp_path / "policy.toml").write_text(policy_text(CLUSTER, shrink_to_admit=True, allocator=True,
+                                                      fairness_max_rho=2.0))
+    with running_controller(cluster, cfg) as ctl:
+        wait_until("the high job to start", lambda: cluster.job_state(high) == "RUNNING", 150, ctl)
+        shrinks = {j: ctl.applied(j, ActionKind.SHRINK) for j in jobs}
+        decisions = {j: ctl.decisions(j) for j in jobs}
+    for j in jobs:
+        assert [(a.params["from"], a.params["to"], a.params["admits"]) for a in shrinks[j]] == [(2, 1, [high])]
+        assert node_count(cluster, j) == 1 and cluster.job_state(j) == "RUNNING"
+        (admit,) = [d for d in decisions[j] if d.reason == "SHRINK_TO_ADMIT" and d.action == "shrink"]
+        rho, after = float(admit.inputs["rho"]), float(admit.inputs["rho_after_shrink"])
+        assert 0.9 < rho < 1.1 < after <= 2.0, (rho, after)
+        assert admit.inputs["remaining_s.source"] == "time limit"
+    print(f"\nallocator: one node each from {jobs[0]} and {jobs[1]} for {high}")
+
+
 def _next_window(zone: ZoneInfo, lead_s: float = 25.0) -> tuple[datetime, str]:
     """A window opening at the first whole minute at least ``lead_s`` from now (site time), 10 minutes long."""
     now = datetime.now(tz=zone)

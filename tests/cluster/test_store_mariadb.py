@@ -18,6 +18,7 @@ from slurm_elastic.store import (
     CURRENT_SCHEMA_VERSION,
     ActionKind,
     ActionState,
+    AgentScrape,
     DecisionFilter,
     DuplicateIntentError,
     HolderProcess,
@@ -295,3 +296,31 @@ def test_schema_2_to_3_and_take_over_on_mariadb(stores: tuple[SqlStore, SqlStore
     clock.advance(1)
     assert a.lease.renew(alive.token(), TTL) is not None
     assert b.lease.take_over("ctl-b", TTL, alive) is None  # it renewed after ctl-b looked
+
+
+def test_a_cycles_bulk_writes_on_mariadb(stores: tuple[SqlStore, SqlStore], clock: FakeClock) -> None:
+    """The cycle's bulk writes on MariaDB: 2,000 decisions in one multi-row INSERT ... RETURNING give their ids in
+    order; the units' rows by change (a second identical call writes nothing); the agents' scrapes in one call."""
+    a, b = stores
+    cycle = a.decisions.begin_cycle(holder="bulk")
+    decisions = [NewDecision(job_id=4_000_000_000 + i, action="hold", reason="IN_BAND", message=f"m{i}",
+                             inputs={"i": i, "mean_util": i / 7}, current_nodes=1, target_nodes=1)
+                 for i in range(2000)]
+    ids = a.decisions.record_decisions(cycle, decisions)
+    assert len(ids) == 2000 and ids == sorted(ids) and len(set(ids)) == 2000
+    stored = {d.id: d for d in b.decisions.list_decisions(DecisionFilter(limit=5000))}
+    assert all(stored[i].job_id == d.job_id and stored[i].inputs == d.inputs and stored[i].message == d.message
+               for i, d in zip(ids, decisions, strict=True))
+    # the hold filter's call: grows and shrinks with their ids, holds without
+    assert len(a.decisions.record_rows(cycle, decisions[:3], decisions[3:1500])) == 3
+    assert len(b.decisions.list_decisions(DecisionFilter(limit=5000))) == 3500
+    seen = [JobObservation(job_id=4_000_000_000 + i, user="alice", partition="train", state="RUNNING",
+                           current_nodes=1, min_nodes=1, max_nodes=2, submit_time=clock()) for i in range(700)]
+    assert a.jobs.observe_jobs(seen) == 700
+    assert a.jobs.observe_jobs(seen) == 0
+    assert a.jobs.observe_jobs([*seen[:699], JobObservation(**{**seen[699].__dict__, "current_nodes": 2})]) == 1
+    assert b.jobs.get_job(4_000_000_699).current_nodes == 2  # type: ignore[union-attr]
+    a.agents.record_scrapes([AgentScrape(f"n{i}", f"http://n{i}:9400", "0.1", 4) for i in range(600)]
+                            + [AgentScrape("n0", "http://n0:9400", error="refused")])
+    agents = {r.node: r for r in b.agents.list_agents()}
+    assert len(agents) == 600 and agents["n0"].last_error == "refused" and agents["n1"].gpu_count == 4

@@ -166,6 +166,11 @@ def test_written_policy_text_reads_back_the_same() -> None:
     import tomllib
 
     assert tomllib.loads(dumps(data)) == data
+    text = dumps({"partition": {"b": {"x": 1}, "a": {"y": "é\"\n"}}, "z": 1.5, "version": 1})
+    assert text.index("version") < text.index("z = 1.5") < text.index("[partition.a]") < text.index("[partition.b]")
+    assert tomllib.loads(text)["partition"]["a"]["y"] == "é\"\n"
+    with pytest.raises(PolicyEditError, match="cannot write"):
+        dumps({"version": 1, "x": object()})
     with pytest.raises(PolicyEditError, match="is a value"):
         apply_assignments({"version": 1, "partition": 3}, ["partition.gpu.grace_s=1"])
 

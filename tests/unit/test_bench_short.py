@@ -7,6 +7,7 @@ import importlib.util
 import queue
 import secrets
 import threading
+from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 
@@ -26,11 +27,19 @@ def _load(name: str) -> ModuleType:
 def test_controller_cycle_short(tmp_path: Path) -> None:
     bench = _load("controller_cycle")
     squeue, sinfo = bench.build_documents(200, 40, 8, seed=1)
-    times, counts = bench.one_cycle(squeue, sinfo, bench.site_config(), tmp_path / "c.db", seed=0)
-    assert set(times) == {"json.loads", "parse", "units", "policy", "DB write"}
-    fields = dict(item.split("=") for item in counts.replace("rows written", "written").split())
-    assert int(fields["nodes"]) == 40 and int(fields["gpus"]) == 320
-    assert int(fields["units"]) > 0 and int(fields["written"]) == int(fields["decisions"]) == int(fields["units"])
+    cycles = bench.Cycles(tmp_path / "c.db", bench.site_config())
+    try:
+        first = cycles.cycle(squeue, sinfo, bench.NOW, walk=True)
+        steady = cycles.cycle(squeue, sinfo, bench.NOW + timedelta(seconds=30), walk=False)
+    finally:
+        cycles.close()
+    assert set(first["cpu_s"]) == {"json.loads", "parse", "parse (walk)", "units", "policy", "DB write"}
+    n = first["counts"]
+    assert n["nodes"] == 40 and n["gpus"] == 320 and n["units"] > 0
+    assert n["unit rows"] == n["decision rows"] == n["decisions"] == n["units"]  # a fresh DB: every unit
+    s = steady["counts"]
+    assert s["decisions"] == n["decisions"] and s["unit rows"] == 0  # nothing changed: no unit row written
+    assert s["decision rows"] + s["holds not written"] == s["decisions"] and s["holds not written"] > 0
 
 
 def test_agent_fanout_short() -> None:

@@ -140,3 +140,34 @@ def test_the_prewarm_command_prints_as_text_not_hex(tmp_path: Path) -> None:
                               "srun x\n")
     r = CliRunner().invoke(main, ["check", str(script)])
     assert r.exit_code == 0 and r.stdout == "elastic:v1 max=3 prewarm='stage --to /tmp/x'\n", r.output
+
+
+UP30 = "#!/bin/bash\n#SBATCH -p train -A nlp\n#ELASTIC --scale-up-above 30\ntrap : USR1\nsrun x\n"
+
+
+def test_a_threshold_alone_meets_the_packaged_band_not_the_directive_default(tmp_path: Path) -> None:
+    """Issue 28's bug: `--scale-up-above 30` was refused ("not above --scale-down-below 40, the default") while
+    the packaged policy's band is 20..90, so the job would have run with 20..30."""
+    script = _write(tmp_path, UP30)
+    r = CliRunner().invoke(main, ["check", str(script)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines() == [
+        "elastic:v1 up=30",
+        "  band 20..30%: scale_down_below 20 (default), scale_up_above 30 (script); partition train, account nlp",
+    ]
+
+
+def test_a_threshold_alone_is_compared_with_the_sites_policy_for_its_partition(tmp_path: Path) -> None:
+    script = _write(tmp_path, UP30)
+    policy = _write(tmp_path, "version = 1\n[partition.train]\nscale_down_below = 35\n", "policy.toml")
+    r = CliRunner().invoke(main, ["check", str(script), "--policy", str(policy)])
+    assert r.exit_code == 1
+    assert r.stderr.splitlines() == [
+        f"{script}: --scale-up-above: 30 is not above scale_down_below 35 (policy: partition train) for partition "
+        "train, account nlp: the controller would hold the job (INVALID_SETTINGS) and never resize it"]
+    # another partition keeps the packaged 20: fine
+    r = CliRunner().invoke(main, ["check", str(script), "--policy", str(policy), "--partition", "serve"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(CliRunner().invoke(main, ["check", str(script), "--policy", str(policy), "--json"]).stdout)
+    assert doc["ok"] is False and doc["bands"][0]["scale_down_below.source"] == "partition train"
+    assert len(doc["policy_errors"]) == 1

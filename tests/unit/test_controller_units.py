@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime
 
+import pytest
+
+from slurm_elastic.controller import units
 from slurm_elastic.controller.extension import ExtensionTag
 from slurm_elastic.controller.units import SpecCache, build_units
 from slurm_elastic.slurm.model import ClusterSnapshot, GresCount, Job
@@ -61,3 +64,32 @@ def test_het_component_reads_the_leaders_script() -> None:
                       cache=SpecCache())
     assert [u.unit_id for u in res.units] == [9]
     assert res.units[0].max_nodes == 2 and res.units[0].current_nodes == 2
+
+
+def test_each_distinct_admin_comment_spec_is_parsed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of jobs carry a handful of distinct specs: each is parsed once, then served from the cache for
+    every job and cycle that carries it; an invalid one is remembered with its reason; past MAX_COMMENTS the
+    cache starts over."""
+    parsed: list[str | None] = []
+    real = units.spec_from_admin_comment
+
+    def counting(comment: str | None) -> object:
+        parsed.append(comment)
+        return real(comment)
+
+    monkeypatch.setattr(units, "spec_from_admin_comment", counting)
+    same, other, bad = "[elastic:v1 min=1 max=4]", "note [elastic:v1 min=2 max=3]", "[elastic:v1 min=5 max=2]"
+    snap = ClusterSnapshot(taken_at=NOW, nodes=(), partitions=(), jobs=tuple(
+        job(i, admin_comment=(same, other, bad)[i % 3]) for i in range(1, 31)))
+    cache = SpecCache()
+    first = build_units(snap, read_script=lambda j: None, is_known_key=lambda p, k: False, cache=cache)
+    again = build_units(snap, read_script=lambda j: None, is_known_key=lambda p, k: False, cache=cache)
+    assert sorted(parsed, key=str) == sorted([same, other, bad])
+    fresh = build_units(snap, read_script=lambda j: None, is_known_key=lambda p, k: False, cache=SpecCache())
+    assert first == again == fresh and len(first.units) == 20
+    assert {u.unit_id: u.max_nodes for u in first.units}[1] == 3 and len(first.not_elastic) == 10
+    assert all("invalid elastic spec" in why for why in first.not_elastic.values())
+    monkeypatch.setattr(units, "MAX_COMMENTS", 2)
+    small = SpecCache()
+    assert build_units(snap, read_script=lambda j: None, is_known_key=lambda p, k: False, cache=small) == fresh
+    assert 1 <= len(small.by_comment) <= 2

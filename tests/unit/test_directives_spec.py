@@ -120,7 +120,8 @@ def test_spec_from_a_script_knows_what_was_explicit() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [{"min_nodes": 0}, {"min_nodes": 5, "max_nodes": 4, "explicit": frozenset({"min_nodes", "max_nodes"})},
-     {"scale_up_above": 40}, {"scale_down_below": 100}, {"window_s": 5}, {"signal": "KILL"},
+     {"scale_up_above": 40, "explicit": frozenset({"scale_up_above", "scale_down_below"})},
+     {"scale_down_below": 100}, {"window_s": 5}, {"signal": "KILL"},
      {"grow": False, "shrink": False}, {"explicit": frozenset({"bogus"})}, {"het_group": 128},
      {"explicit": frozenset({"grow"})}, {"step": True}, {"max_nodes": None, "explicit": frozenset({"max_nodes"})},
      {"min_nodes": "2"}],
@@ -177,7 +178,7 @@ def test_normalized_round_trip_of_every_field() -> None:
      ("elastic:v1 signal=KILL", "unknown signal"), ("elastic:v1 signal=usr1", "bad item"),
      ("elastic:v1 max=1 min=1", "not in normal form"), ("elastic:v1 min=1 min=2", "not in normal form"),
      ("elastic:v1 het=1 het=2", "not in normal form"), ("elastic:v1 min=3 max=2", "2 is below --min-nodes 3"),
-     ("elastic:v1 up=30", "30 is not above --scale-down-below 40, the default"),
+     ("elastic:v1 up=30 down=40", "40 is not below --scale-up-above 30, as given"),
      ("elastic:v1 grow=0 shrink=0", "could never be resized"), ("elastic:v1 window=1h", "bad item"),
      ("elastic:v1 min=1\n", "bad item"), ("elastic:v1 het=128", "out of range")],
 )

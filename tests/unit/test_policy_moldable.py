@@ -100,3 +100,27 @@ def test_moldable_start_is_a_packaged_default() -> None:
     from slurm_elastic.policy import default_config
 
     assert default_config().resolve("moldable_start").value is True
+
+
+def test_mold_only_if_faster_waits_when_the_request_frees_up_soon_enough() -> None:
+    # 4 nodes asked, 2 free: molded it runs 2 x its one hour (linear scaling) = 2 h
+    soon = plan_molds([_cand(1, 4, time_limit_s=3600)], CountedFree(lambda: 2), lambda c: 1800.0)
+    assert soon == []  # waiting 30 min + 1 h finishes before 2 h
+    late = plan_molds([_cand(1, 4, time_limit_s=3600)], CountedFree(lambda: 2), lambda c: 5400.0)
+    assert [(m.candidate.job_id, m.nodes) for m in late] == [(1, 2)]  # 90 min + 1 h is later than 2 h
+    unknown = plan_molds([_cand(1, 4, time_limit_s=3600)], CountedFree(lambda: 2), lambda c: None)
+    assert [m.nodes for m in unknown] == [2]  # no estimate: molded as without the key
+
+
+def test_controller_mold_only_if_faster_reads_the_running_jobs_expected_ends() -> None:
+    all_nodes = nodes(4, busy=["n1", "n2"])
+    ends_soon = job(10, nodes=("n1", "n2"), started_ago=3000, time_limit_min=60)  # 10 min left
+    ends_late = job(10, nodes=("n1", "n2"), started_ago=600, time_limit_min=600)  # 590 min left
+    waiting = pending(21, count=4, priority=900, time_limit_min=60)
+    on = cfg(moldable_start=True, mold_only_if_faster=True)
+    for running, molded in ((ends_soon, []), (ends_late, [(21, 2)])):
+        snap = snapshot([running, waiting], all_nodes)
+        got = decide_molds(snap, [(waiting, spec(min_nodes=2))], on)
+        assert [(m.candidate.job_id, m.nodes) for m in got] == molded
+    snap = snapshot([ends_soon, waiting], all_nodes)
+    assert [m.nodes for m in decide_molds(snap, [(waiting, spec(min_nodes=2))], cfg(moldable_start=True))] == [2]

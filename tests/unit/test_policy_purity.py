@@ -15,6 +15,7 @@ POLICY = Path(__file__).resolve().parents[2] / "slurm_elastic" / "policy"
 ALLOWED_STDLIB = {
     "__future__", "collections", "dataclasses", "datetime", "difflib", "enum", "itertools", "math", "re",
     "tomllib", "types", "typing",
+    "heapq",  # a pure priority queue (the allocator's water-filling)
     "zoneinfo",  # reads the tz database: the same answer for the same config and time (windows in a site zone)
 }
 ALLOWED_PROJECT = ("slurm_elastic.policy", "slurm_elastic.slurm.model", "slurm_elastic.directives",

@@ -19,10 +19,11 @@ from slurm_elastic.cli import main
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import Decision, PolicyConfig, PolicyInput, parse_config
 from slurm_elastic.sim.config import SimConfig
-from slurm_elastic.sim.engine import SimResult, Simulation
+from slurm_elastic.sim.engine import JobRecord, SimResult, Simulation
 from slurm_elastic.sim.errors import SimulationError
 from slurm_elastic.sim.invariants import check_invariants
 from slurm_elastic.sim.loaders import load_workload
+from slurm_elastic.sim.metrics import slowdown
 from slurm_elastic.sim.policy_adapter import AdapterSettings, ProductionPolicy, job_bounds, make_policy
 from slurm_elastic.sim.run import compare
 from slurm_elastic.sim.traces import traces_dir
@@ -71,12 +72,16 @@ def test_cli_json_has_both_columns_and_the_elastic_one_resizes() -> None:
                                        "--gpus-per-node", "4", "--policy", str(SIM_POLICY), "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert set(payload) == {"baseline", "elastic"}
+    assert set(payload) == {"baseline", "elastic", "per_job"}
     for side in ("baseline", "elastic"):
         assert KEYS <= set(payload[side])
         assert payload[side]["jobs"] == 160
     elastic = payload["elastic"]
     assert elastic["resizes"] > 0 and payload["baseline"]["resizes"] == 0
+    per_job = payload["per_job"]  # every job's elastic JCT against its rigid one (10-minute floor)
+    assert per_job["jobs"] == 160 and per_job["floor_s"] == 600
+    assert 0 < per_job["later"] < 1 and per_job["later_2"] <= per_job["later_125"] <= per_job["later"]
+    assert per_job["worst"] > 1 and per_job["worst_job"]
     assert elastic["p50_jct"] <= elastic["p99_jct"] and 0 < elastic["gpu_util"] <= 1
 
 
@@ -186,3 +191,16 @@ def test_cli_moldable_start_changes_only_the_elastic_column(tmp_path: Path) -> N
     a, b = json.loads(plain.stdout), json.loads(molded.stdout)
     assert a["baseline"] == b["baseline"]  # rigid jobs never mold
     assert a["elastic"]["avg_jct"] != b["elastic"]["avg_jct"]
+
+
+def test_per_job_slowdown_counts_each_job_against_its_own_rigid_run() -> None:
+    def rec(job_id: str, jct: float) -> JobRecord:
+        return JobRecord(job_id, 0.0, 4, 0.0, jct, 0, 1, 1, 4, (4,), (1,))
+
+    config = SimConfig(1, 4)
+    rigid = SimResult(config, (rec("a", 1000), rec("b", 100), rec("c", 2000), rec("d", 3000)), (), (), (), ())
+    elastic = SimResult(config, (rec("a", 1300), rec("b", 500), rec("c", 4100), rec("d", 1000)), (), (), (), ())
+    sd = slowdown(rigid, elastic)
+    # b: 500 vs 100 is within the 10-minute floor (600 / 600); a: 1.3x; c: 2.05x; d: faster
+    assert (sd.later, sd.later_125, sd.later_2) == (0.5, 0.5, 0.25)
+    assert sd.worst == pytest.approx(2.05) and sd.worst_job == "c"

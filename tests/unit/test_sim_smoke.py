@@ -43,7 +43,7 @@ def test_json_output_schema() -> None:
     )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
-    assert set(payload) == {"baseline", "elastic"}
+    assert set(payload) == {"baseline", "elastic", "per_job"}
     assert payload["elastic"] is not None and KEYS <= set(payload["elastic"])  # the packaged policy defaults
     assert ELASTIC_UNAVAILABLE not in result.stderr
     baseline = payload["baseline"]

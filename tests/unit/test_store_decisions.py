@@ -73,6 +73,24 @@ def test_a_cycle_is_all_or_nothing(store: SqlStore) -> None:
     assert store.decisions.list_decisions() == []
 
 
+def test_rows_with_and_without_ids_in_one_transaction(store: SqlStore) -> None:
+    """Holds go in without their ids (nothing refers to them by id); the actions' ids come back in order; a bad
+    row in either group writes nothing."""
+    cycle = store.decisions.begin_cycle()
+    actions = [d(i, "grow", "OVERUTILIZED", target_nodes=i) for i in (7, 3, 5)]
+    holds = [d(i, inputs={"i": i}) for i in range(100, 400)]
+    ids = store.decisions.record_rows(cycle, actions, holds)
+    stored = {r.id: r for r in store.decisions.list_decisions()}
+    assert len(stored) == 303 and [(stored[i].job_id, stored[i].target_nodes) for i in ids] == [(7, 7), (3, 3),
+                                                                                                   (5, 5)]
+    assert sorted((r.job_id, r.inputs["i"]) for r in stored.values() if r.action == "hold") == [
+        (i, i) for i in range(100, 400)]
+    assert store.decisions.record_rows(cycle, [], holds[:2]) == []
+    with pytest.raises(StoreInputError, match="job 9"):
+        store.decisions.record_rows(cycle, actions, [d(8), d(9, reason="")])
+    assert len(store.decisions.list_decisions()) == 305
+
+
 def test_list_filters(store: SqlStore, clock: FakeClock) -> None:
     store.jobs.upsert_job(JobObservation(job_id=1, user="alice", partition="train", state="RUNNING",
                                          current_nodes=2, min_nodes=1, max_nodes=3))

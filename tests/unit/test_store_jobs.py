@@ -8,6 +8,7 @@ import pytest
 
 from slurm_elastic.store import (
     ActionKind,
+    AgentScrape,
     JobObservation,
     NewSample,
     PauseScope,
@@ -15,7 +16,7 @@ from slurm_elastic.store import (
     SqlStore,
     StoreInputError,
 )
-from tests.unit.storehelpers import T0, FakeClock
+from tests.unit.storehelpers import T0, FakeClock, memory_store
 
 
 def obs(job_id: int = 10, **kw: object) -> JobObservation:
@@ -122,3 +123,75 @@ def test_agents_seen_and_failing(store: SqlStore, clock: FakeClock) -> None:
     assert [a.node for a in agents] == ["n1", "n2"] and agents[1].last_seen is None
     again = store.agents.agent_seen("n1", url="http://n1:9400", version="0.1.1", gpu_count=4)
     assert again.last_error is None and again.version == "0.1.1"
+
+
+def test_observe_jobs_writes_by_change_in_one_call(store: SqlStore, clock: FakeClock) -> None:
+    """A cycle's units in one transaction: new rows inserted, changed ones updated, unchanged ones not written;
+    each row as upsert_job leaves it."""
+    assert store.jobs.observe_jobs([obs(1), obs(2), obs(3)]) == 3
+    first = {r.job_id: r for r in store.jobs.list_jobs()}
+    assert first[1].first_seen == first[1].last_seen == clock() and first[2].spec_source is SpecSource.ADMIN_COMMENT
+    clock.advance(30)
+    assert store.jobs.observe_jobs([obs(1), obs(2), obs(3)]) == 0  # nothing changed: nothing written
+    assert {r.job_id: r for r in store.jobs.list_jobs()} == first
+    clock.advance(30)
+    assert store.jobs.observe_jobs([obs(1), obs(2, current_nodes=3, nodelist="n[1-3]"), obs(3), obs(4)]) == 2
+    after = {r.job_id: r for r in store.jobs.list_jobs()}
+    assert after[1] == first[1] and after[3] == first[3]
+    assert (after[2].current_nodes, after[2].nodelist, after[2].last_seen, after[2].first_seen) == (
+        3, "n[1-3]", clock(), first[2].first_seen)
+    assert after[4].first_seen == clock()
+    # the same observations through upsert_job give the same rows
+    twin = store.jobs.upsert_job(obs(2, current_nodes=3, nodelist="n[1-3]"))
+    assert twin == after[2]
+
+
+def test_observe_jobs_replaces_a_reused_job_id_and_keeps_what_the_controller_added(store: SqlStore,
+                                                                                     clock: FakeClock) -> None:
+    store.jobs.observe_jobs([obs(10), obs(11)])
+    store.pauses.pause(PauseScope.JOB, 10, who="root")
+    assert store.jobs.add_time_limit(11, 15) == 15
+    clock.advance(60)
+    assert store.jobs.observe_jobs([obs(10, submit_time=clock(), user="bob"), obs(11, state="COMPLETING")]) == 2
+    fresh, kept = store.jobs.get_job(10), store.jobs.get_job(11)
+    assert fresh is not None and kept is not None
+    assert (fresh.first_seen, fresh.user, fresh.paused) == (clock(), "bob", False)
+    assert (kept.state, kept.time_limit_added_min) == ("COMPLETING", 15)
+    assert kept.first_seen == clock() - timedelta(seconds=60)
+
+
+def test_observe_jobs_checks_every_observation_before_writing(store: SqlStore) -> None:
+    with pytest.raises(StoreInputError, match="job 2"):
+        store.jobs.observe_jobs([obs(1), obs(2, min_nodes=4)])
+    assert store.jobs.list_jobs() == []
+
+
+def test_a_cycles_scrapes_in_one_call_record_what_one_call_each_records(clock: FakeClock) -> None:
+    """record_scrapes (one transaction per cycle) leaves every agent row as agent_seen / agent_failed, called one
+    by one in the same order, leave it: new and known nodes, success after failure and failure after success."""
+    def cycles(one_by_one: bool) -> list[object]:
+        st = memory_store(clock)
+        n1, n2, n3 = "http://n1:9400", "http://n2:9400", "http://n3:9400"
+        script = [[AgentScrape("n1", n1, "0.1.0", 4), AgentScrape("n2", n2, error="timeout")],
+                  [AgentScrape("n1", n1, error="refused"), AgentScrape("n2", "http://n2:9401", "0.2", 8),
+                   AgentScrape("n3", n3, "0.2", 8)],
+                  [AgentScrape("n1", n1, "0.1.1", 4), AgentScrape("n3", n3, error="x" * 5000)]]
+        start = clock()
+        for scrapes in script:
+            if one_by_one:
+                for sc in scrapes:
+                    if sc.error is None:
+                        st.agents.agent_seen(sc.node, url=sc.url, version=sc.version, gpu_count=sc.gpu_count)
+                    else:
+                        st.agents.agent_failed(sc.node, url=sc.url, error=sc.error)
+            else:
+                st.agents.record_scrapes(scrapes)
+            clock.advance(30)
+        clock.advance((start - clock()).total_seconds())  # the other run starts at the same time
+        try:
+            return list(st.agents.list_agents())
+        finally:
+            st.close()
+
+    bulk = cycles(False)
+    assert bulk == cycles(True) and len(bulk) == 3

@@ -1,0 +1,77 @@
+"""Per-job fairness of the elastic policies against rigid Slurm: the allocator (``allocator = true``) beside the
+rule walk (the packaged defaults), on the Pollux workloads, 16 x 4 GPUs, both base schedulers.
+
+Every ratio is against the rigid run of the same trace and seeded models, measured in this run. Per job: elastic
+JCT / rigid JCT with both floored at 10 minutes (sim/metrics.py ``slowdown``): the share of jobs later than rigid,
+later by > 1.25x and > 2x, and the worst. Prints Markdown (docs/performance.md, "Fairness").
+
+    .venv/bin/python bench/sim_fairness.py [--sets workloads,workloads-0.5,workloads-1.5] [--workloads 1-8]
+        [--schedulers greedy,backfill] [--set KEY=VALUE ...]   (extra policy keys for the allocator column)
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from slurm_elastic.policy import PolicyConfig, config_from_mapping  # noqa: E402
+from slurm_elastic.sim.config import SimConfig  # noqa: E402
+from slurm_elastic.sim.loaders import load_workload  # noqa: E402
+from slurm_elastic.sim.metrics import slowdown, summarize  # noqa: E402
+from slurm_elastic.sim.perfmodel.factory import build_models  # noqa: E402
+from slurm_elastic.sim.policy_adapter import ProductionPolicy  # noqa: E402
+from slurm_elastic.sim.run import simulate_one  # noqa: E402
+from slurm_elastic.sim.traces import traces_dir  # noqa: E402
+
+#: The allocator column: the packaged defaults plus these (speedup_growth values its grows).
+ALLOCATOR = {"allocator": True, "speedup_growth": True}
+
+
+def _workloads(text: str) -> list[int]:
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def _row(label: str, b: Any, e: Any, sd: Any) -> str:
+    return (f"| {label} | {e.avg_jct / b.avg_jct:.2f}x | {e.p99_jct / b.p99_jct:.2f}x | {sd.later:.1%} "
+            f"| {sd.later_125:.1%} | {sd.later_2:.1%} | {sd.worst:.2f}x |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sets", default="workloads")
+    ap.add_argument("--workloads", default="1-8")
+    ap.add_argument("--schedulers", default="greedy,backfill")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    extra = {k: tomllib.loads(f"v = {v}")["v"] for k, v in (s.split("=", 1) for s in args.set)}
+    walk: PolicyConfig = config_from_mapping({"version": 1})
+    alloc: PolicyConfig = config_from_mapping({"version": 1, **ALLOCATOR, **extra})
+    started = time.perf_counter()
+    for sched in args.schedulers.split(","):
+        print(f"\n### {sched} base: elastic / rigid, per job against rigid (10-minute floor)\n")
+        print("| workload, policy | avg JCT | p99 JCT | later | > 1.25x | > 2x | worst |")
+        print("|---|---|---|---|---|---|---|")
+        for wset in args.sets.split(","):
+            for n in _workloads(args.workloads):
+                workload = load_workload(str(traces_dir() / "pollux" / wset / f"workload-{n}.csv"), "pollux")
+                models = build_models(workload, 4, random.Random(0))
+                rigid = simulate_one(workload, SimConfig(16, 4, scheduler=sched), models)  # type: ignore[arg-type]
+                b = summarize(rigid)
+                for label, cfg in (("walk", walk), ("allocator", alloc)):
+                    sim = SimConfig(16, 4, scheduler=sched, moldable_start=True)  # type: ignore[arg-type]
+                    run = simulate_one(workload, sim, models, policy=ProductionPolicy(cfg, sim))
+                    print(_row(f"{wset}/{n} {label}", b, summarize(run), slowdown(rigid, run)), flush=True)
+    print(f"\n({time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
