@@ -8,14 +8,17 @@ so a report and a replay (:func:`replay_row`) measure alike.
 
 * A job is counted in the window when it **ended** in it. JCT = last end - first submission; wait = first start -
   submission.
-* ``gpu_hours``: GPUs x time the job's records cover, plus its extension jobs' (an extension job is part of its
-  elastic job, never a job of its own).
+* ``gpu_hours``: what the job held over time: GPUs x time at each size its sacct records show (a shrink in
+  place is a ``RESIZING`` record at the old size, then the new size from the resize on), plus its extension jobs'
+  held the same way (an extension job is part of its elastic job, never a job of its own).
 * ``gpu_hours_sampled`` / ``gpu_hours_used``: allocated GPU-hours the controller sampled, and those x utilization.
   Only elastic jobs are sampled; rigid jobs leave these and ``util_*`` empty.
 * ``util_mean`` / ``util_var``: GPU utilization (0..1) weighted by GPU-seconds over every (job, bucket) of the
   samples, so the variance is across jobs and over time.
-* ``resizes``: applied grows, shrinks and extension cancels. ``node_hours_moved``: the integral over the job's run of
-  |nodes now - nodes at start|, the node-hours its resizes took away or lent.
+* ``resizes``: applied size changes: grows whose extension joined the job, applied shrinks and extension
+  cancels (the journal's; a grow whose prewarm or resume failed never changed the size).
+* ``node_hours_moved``: the integral over the job's run of |nodes now - nodes at start|, the node-hours its
+  resizes took away or lent.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ def job_facts(jobs: Iterable[AccountingJob], usage: Mapping[str, Any] | None,
     for a in acct:
         if a.spec.job_id in parent_of:
             parent = parent_of[a.spec.job_id]
-            extension_seconds[parent] = extension_seconds.get(parent, 0.0) + a.spec.num_gpus * a.running
+            extension_seconds[parent] = extension_seconds.get(parent, 0.0) + a.gpu_seconds
     out: list[JobFacts] = []
     for a in acct:
         if a.spec.job_id in parent_of:
@@ -103,7 +106,7 @@ def job_facts(jobs: Iterable[AccountingJob], usage: Mapping[str, Any] | None,
             job_id=a.spec.job_id, user=a.spec.user or "", account=a.spec.account or "",
             partition=a.spec.partition or "", qos=a.qos or "", state=a.state,
             submit=to_epoch(a.spec.submit_time), start=to_epoch(a.start), end=end,
-            gpu_seconds=a.spec.num_gpus * a.running + extension_seconds.get(a.spec.job_id, 0.0),
+            gpu_seconds=a.gpu_seconds + extension_seconds.get(a.spec.job_id, 0.0),
             elastic=u is not None, resizes=len(resizes),
             node_seconds_moved=node_seconds_moved(resizes, end),
             util=tuple((float(b), float(alloc), float(used)) for b, alloc, used in (u["util"] if u else []))))

@@ -19,6 +19,7 @@ from slurm_elastic.api.tomltext import apply_assignments, dumps
 from slurm_elastic.controller.hold_filter import UNCHANGED_SINCE
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.store import SqlStore
+from slurm_elastic.store.agents_sql import is_powered_down
 from slurm_elastic.store.records import CycleRecord, DecisionFilter, DecisionRecord, ElasticJobRecord, PauseScope
 
 #: (policy text, where it came from) used while no version is stored: the controller's policy_file, or defaults.
@@ -117,8 +118,9 @@ class Service:
         midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
         gpus = self.store.journal.gpu_totals(since=midnight)
         agents = self.store.agents.list_agents()
-        stale = [a.node for a in agents if a.last_seen is None
-                 or (now - a.last_seen).total_seconds() > self.settings.agent_stale_s]
+        off = [a.node for a in agents if is_powered_down(a.last_error)]  # not asked: neither stale nor reachable
+        stale = [a.node for a in agents if a.node not in off and (
+            a.last_seen is None or (now - a.last_seen).total_seconds() > self.settings.agent_stale_s)]
         state = controller_state(lease, now)  # from the lease: a process answering the socket may be a standby
         me = self.settings.holder if self.settings.via == "socket" else None
         return {**state, "via": self.settings.via,
@@ -130,7 +132,8 @@ class Service:
                 "last_cycle_error": cycle.error if cycle else None,
                 "managed_jobs": len(jobs), "gpus_granted_today": gpus.granted,
                 "gpus_reclaimed_today": gpus.reclaimed, "agents": len(agents),
-                "agents_reachable": len(agents) - len(stale), "agents_stale": sorted(stale),
+                "agents_reachable": len(agents) - len(stale) - len(off), "agents_stale": sorted(stale),
+                "agents_powered_down": sorted(off),
                 "pauses": [{"scope": str(p.scope), "target": p.target, "who": p.who}
                            for p in self.store.pauses.list_pauses()]}
 
@@ -190,7 +193,8 @@ class Service:
         records = self.store.decisions.last_decisions(job_id, n)
         decisions = [decision_dict(d) for d in records]
         pause = self.store.pauses.active_pause(job_id, rec.partition)
-        return {"job": job_id, "user": rec.user, "account": rec.account, "partition": rec.partition, "qos": rec.qos,
+        return {"grow_backoff": self._grow_backoff(job_id),
+                "job": job_id, "user": rec.user, "account": rec.account, "partition": rec.partition, "qos": rec.qos,
                 "state": rec.state, "nodes": _nodes_now(rec),
                 "directives": rec.spec, "directives_source": str(rec.spec_source), "directives_error": rec.spec_error,
                 "policy_source": source, "profile_now": cfg.active_profile, "settings": settings,
@@ -198,6 +202,18 @@ class Service:
                 "hold": standing_hold(records[0] if records else None, self.store.decisions.last_cycle()),
                 "paused_by": None if pause is None else {"scope": str(pause.scope), "target": pause.target,
                                                          "who": pause.who, "reason": pause.reason}}
+
+    def _grow_backoff(self, job_id: int) -> dict[str, Any] | None:
+        """The job's grow back-off now (controller/backoff.py), as the next cycle's policy sees it."""
+        from slurm_elastic.controller.backoff import unit_backoff
+        from slurm_elastic.policy.holds import backoff_until, describe
+
+        b = unit_backoff(self.store, job_id, self.clock())
+        if b is None:
+            return None
+        return {"until": backoff_until(b).isoformat(), "wait_s": b.wait_s, "left_s": round(b.left_s, 1),
+                "failed_grows": len(b.failures), "last": describe(b.failures[0]),
+                "last_at": b.failures[0].ended_at.isoformat()}
 
     def op_usage(self, caller: Caller, args: Mapping[str, Any]) -> dict[str, Any]:
         """Elastic jobs of a window for ``report`` (:mod:`slurm_elastic.api.usage`); users get their own."""
@@ -241,9 +257,12 @@ class Service:
         out = []
         for a in self.store.agents.list_agents():
             age = None if a.last_seen is None else (now - a.last_seen).total_seconds()
-            out.append({"node": a.node, "url": a.url, "reachable": age is not None and a.last_error is None
-                        and age <= self.settings.agent_stale_s, "last_seen": _iso(a.last_seen), "age_s": age,
-                        "version": a.version, "gpus": a.gpu_count, "error": a.last_error})
+            off = is_powered_down(a.last_error)
+            reachable = age is not None and a.last_error is None and age <= self.settings.agent_stale_s
+            out.append({"node": a.node, "url": a.url, "reachable": reachable,
+                        "state": "powered down" if off else "reachable" if reachable else "unreachable",
+                        "last_seen": _iso(a.last_seen), "age_s": age, "version": a.version, "gpus": a.gpu_count,
+                        "error": None if off else a.last_error, "note": a.last_error if off else None})
         return {"agents": out}
 
     # --- policy -----------------------------------------------------------------------------------------------

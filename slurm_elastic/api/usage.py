@@ -1,7 +1,8 @@
 """The ``usage`` read: what the state store knows about the elastic jobs of a reporting window, for
 ``slurm-elastic report`` (which joins it with Slurm's accounting).
 
-Per elastic job: its extension jobs (their GPU-hours are the job's), its applied resizes, and its GPU
+Per elastic job: its extension jobs (their GPU-hours are the job's), its applied size changes (grows that
+joined, shrinks and extension cancels: :func:`resize_time`), and its GPU
 utilization from the controller's samples, downsampled to buckets of ``bucket_s`` seconds: per bucket the
 GPU-seconds allocated and used (allocated x utilization). A sample stands for the time since the job's previous
 sample, at most twice the job's median gap (a controller that was down does not stretch one sample over the
@@ -15,9 +16,20 @@ from datetime import datetime
 from typing import Any
 
 from slurm_elastic.store import SqlStore
-from slurm_elastic.store.records import ActionKind, ActionState, ElasticJobRecord, SampleRecord
+from slurm_elastic.store.journal_sql import JOINED_AT
+from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, ElasticJobRecord, SampleRecord
 
 RESIZE_KINDS = (ActionKind.GROW, ActionKind.SHRINK, ActionKind.CANCEL_EXTENSION)
+
+
+def resize_time(a: ActionRecord) -> str | None:
+    """When an applied action changed the job's size (ISO), or None when it never did: a grow changes it when its
+    extension joins (controller/grants.py; one whose prewarm or resume failed never joined), a shrink or an
+    extension cancel when it is applied."""
+    if a.kind == ActionKind.GROW:
+        joined = a.params.get(JOINED_AT)
+        return joined if isinstance(joined, str) else None
+    return (a.finished_at or a.updated_at).isoformat()
 
 
 def display_id(rec: ElasticJobRecord) -> str:
@@ -59,9 +71,8 @@ def usage(store: SqlStore, *, user: str | None, since: datetime, until: datetime
             continue
         samples = store.samples.samples(rec.job_id, since=since, until=until)
         actions = store.journal.list_actions(job_id=rec.job_id, states=[ActionState.APPLIED])
-        resizes = [{"kind": str(a.kind), "nodes": a.nodes, "gpus": a.gpus,
-                    "time": (a.finished_at or a.updated_at).isoformat()}
-                   for a in reversed(actions) if a.kind in RESIZE_KINDS]
+        resizes = [{"kind": str(a.kind), "nodes": a.nodes, "gpus": a.gpus, "time": at}
+                   for a in reversed(actions) if a.kind in RESIZE_KINDS and (at := resize_time(a)) is not None]
         extensions = [e.job_id for e in store.jobs.extensions(rec.job_id, active_only=False)]
         jobs.append({"job": display_id(rec), "user": rec.user, "account": rec.account,
                      "partition": rec.partition, "qos": rec.qos, "extensions": sorted(extensions),

@@ -1,9 +1,10 @@
 """``slurm-elastic check SCRIPT``: lint the ``#ELASTIC`` directives of a batch script.
 
 Prints one line per problem on stderr, compiler style (``SCRIPT:LINE: --option: why (allowed: range)``), the
-same checks and messages as the job_submit plugin gives at sbatch time. On success it prints the normalized
-spec(s) that the plugin would store on the job. Exit status: 0 clean (warnings allowed), 1 errors or an
-unreadable script, 2 usage.
+same checks and messages as the job_submit plugin gives at sbatch time, and a warning for a batch script without
+a handler for its grace signal (it would die at the first shrink). On success it prints the normalized spec(s)
+that the plugin would store on the job, a ``--prewarm`` command as text (the stored form keeps it in hex). Exit
+status: 0 clean (warnings allowed), 1 errors or an unreadable script, 2 usage.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 
 import click
 
+from slurm_elastic.cli.check_pitfalls import grace_handler_warning
 from slurm_elastic.cli.check_policy import effective_band, load_policy, sbatch_scope
+from slurm_elastic.cli.output import spec_text
 from slurm_elastic.directives import parse_script
 from slurm_elastic.errors import SlurmElasticError
 
@@ -56,6 +59,7 @@ def check_cmd(  # noqa: PLR0917 - click passes every option by keyword
         click.echo(f"slurm-elastic check: error: {exc}", err=True)
         ctx.exit(1)
     result = parse_script(data)
+    pitfalls = [p for spec in result.specs if (p := grace_handler_warning(name, data, spec)) is not None]
     in_script = sbatch_scope(data)
     bands = [effective_band(spec, cfg, partition or in_script[0], account or in_script[1]) for spec in result.specs]
     band_errors = [f"{name}: {p}" for b in bands if (p := b.problem()) is not None]
@@ -67,6 +71,7 @@ def check_cmd(  # noqa: PLR0917 - click passes every option by keyword
             "specs": [s.to_dict() for s in result.specs],
             "errors": [e.to_dict() for e in result.errors],
             "warnings": [w.to_dict() for w in result.warnings],
+            "pitfalls": pitfalls,
             "bands": [b.to_dict() for b in bands],
             "policy_errors": band_errors,
         }
@@ -76,6 +81,8 @@ def check_cmd(  # noqa: PLR0917 - click passes every option by keyword
     else:
         for w in result.warnings:
             click.echo(w.format(name), err=True)
+        for text in dict.fromkeys(pitfalls):
+            click.echo(text, err=True)
         for err in result.errors:
             click.echo(err.format(name), err=True)
         for text in band_errors:
@@ -83,7 +90,7 @@ def check_cmd(  # noqa: PLR0917 - click passes every option by keyword
         if result.ok:
             if result.specs:
                 for spec, band in zip(result.specs, bands, strict=True):
-                    click.echo(spec.to_normalized())
+                    click.echo(spec_text(spec.to_normalized()))  # --prewarm as text, not the stored hex
                     one_given = (band.up_source == "script") != (band.down_source == "script")
                     if band.ok and one_given:
                         click.echo(f"  band {band.down}..{band.up}%: scale_down_below {band.down} "

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from slurm_elastic.cli.api_backend import backend_options, call
-from slurm_elastic.cli.output import age, emit, output_options
+from slurm_elastic.cli.output import age, emit, output_options, spec_text, value_text
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 
@@ -43,7 +43,7 @@ def _nodes(d: dict[str, Any]) -> str:
 
 
 def _inputs(d: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(d.get("inputs", {}).items()) if k != "basis")
+    return " ".join(f"{k}={value_text(v)}" for k, v in sorted(d.get("inputs", {}).items()) if k != "basis")
 
 
 def _based_on(d: dict[str, Any]) -> str:
@@ -122,13 +122,16 @@ def explain_cmd(*, url: str | None, socket_: str | None, job_id: int, last: int,
             ("partition", r["partition"]), ("qos", r["qos"] or ""), ("state", r["state"]),
             ("nodes", f"min {n['min']} current {n['current']} max {n['max']}"
                       + (f" (ended {_time(n['ended'])}, last size {n['last']})" if n.get("ended") else "")),
-            ("directives", r["directives"] or "(none)"), ("directives_from", r["directives_source"]),
+            ("directives", spec_text(r["directives"]) or "(none)"), ("directives_from", r["directives_source"]),
             ("policy", r["policy_source"]), ("profile_now", r.get("profile_now") or "(none)")]
     if r["directives_error"]:
         head.append(("directives_error", r["directives_error"]))
     if h := r.get("hold"):  # holds are stored when they change, and every hold_heartbeat_s while unchanged
         head.append(("hold", f"{h['reason']} unchanged since {_time(h['since'])}, last stored {_time(h['recorded'])}"
                      + (f", last cycle {_time(h['last_cycle'])}" if h["last_cycle"] else "")))
+    if b := r.get("grow_backoff"):  # failed grows: no grow before this (policy/holds.py, GROW_BACKOFF)
+        head.append(("grow_backoff", f"until {_time(b['until'])} ({b['failed_grows']} failed grow(s) in the last "
+                                     f"hour, last {_time(b['last_at'])}: {b['last']})"))
     if r["paused_by"]:
         p = r["paused_by"]
         head.append(("paused", f"{p['scope']} {p['target']} by {p['who']} {p['reason']}".strip()))

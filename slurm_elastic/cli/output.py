@@ -53,3 +53,30 @@ def age(seconds: float) -> str:
     if d:
         return f"{d}-{h:02d}:{m:02d}:{s:02d}"
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def value_text(value: Any) -> str:
+    """A decision input as text: strings as they are, everything else as JSON (``["n5"]``, ``null``, ``true``),
+    never Python's repr."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def spec_text(normalized: str | None) -> str:
+    """A stored normalized spec for people: the ``--prewarm`` command as text (shell-quoted), not the hex the
+    stored form keeps it in (directives/spec.py); anything else as stored."""
+    import shlex
+
+    from slurm_elastic.directives.spec import SpecError, from_normalized
+
+    if not normalized or "prewarm=" not in normalized:
+        return normalized or ""
+    try:
+        command = from_normalized(normalized).prewarm
+    except SpecError:
+        return normalized
+    if command is None:
+        return normalized
+    return " ".join(f"prewarm={shlex.quote(command)}" if t.startswith("prewarm=") else t
+                    for t in normalized.split(" "))

@@ -183,15 +183,16 @@ def report_cmd(*, url: str | None, socket_: str | None, since: str, until: str |
     rows = report_rows(facts, by, starvation_threshold)
     render(rows, parsable=parsable, as_json=as_json, noheader=noheader)
     if plot_dir is not None:
-        from slurm_elastic.sim.plots import write_report_plots
+        from slurm_elastic.report_plots import write_cdfs, write_utilization
 
         kinds = {"elastic": [f for f in facts if f.elastic], "rigid": [f for f in facts if not f.elastic]}
         span_s = (ended.end - ended.start).total_seconds()
+        series = utilization_series(facts, _report_bucket_s(span_s), ended.start.timestamp())
         try:
-            paths = write_report_plots({k: [f.jct for f in v] for k, v in kinds.items()},
-                                       {k: [f.wait for f in v] for k, v in kinds.items()},
-                                       utilization_series(facts, _report_bucket_s(span_s), ended.start.timestamp()),
-                                       plot_dir)
+            paths = write_cdfs({k: [f.jct for f in v] for k, v in kinds.items()},
+                               {k: [f.wait for f in v] for k, v in kinds.items()}, plot_dir)
+            if series:
+                paths.append(write_utilization(series, plot_dir))
         except SlurmElasticError as e:
             raise click.ClickException(str(e)) from e
         for path in paths:

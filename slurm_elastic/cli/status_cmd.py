@@ -35,6 +35,7 @@ def status_cmd(*, url: str | None, socket_: str | None, parsable: bool, as_json:
         ("gpus_granted_today", s["gpus_granted_today"]), ("gpus_reclaimed_today", s["gpus_reclaimed_today"]),
         ("agents_reachable", f"{s['agents_reachable']}/{s['agents']}"),
         ("agents_stale", ",".join(s["agents_stale"])),
+        ("agents_powered_down", ",".join(s.get("agents_powered_down") or [])),
         ("pauses", ",".join(f"{p['scope']}:{p['target']}".rstrip(":") for p in s["pauses"])),
     ]
     emit(["item", "value"], rows, parsable=parsable, as_json=False, noheader=noheader)
@@ -46,8 +47,9 @@ def status_cmd(*, url: str | None, socket_: str | None, parsable: bool, as_json:
 def agents_cmd(*, url: str | None, socket_: str | None, parsable: bool, as_json: bool, noheader: bool) -> None:
     """Per node: reachability, last successful sample and its age, agent version, GPU count, last error."""
     agents = call(url, socket_, "agents")["agents"]
+    # reachable: yes, no, or "powered down" (Slurm's power saving has the node off or booting: not asked)
     emit(["node", "reachable", "last_seen", "age", "version", "gpus", "error"],
-         [(a["node"], "yes" if a["reachable"] else "no", a["last_seen"] or "",
-           "" if a["age_s"] is None else age(a["age_s"]), a["version"] or "",
-           "" if a["gpus"] is None else a["gpus"], (a["error"] or "")[:80]) for a in agents],
+         [(a["node"], "powered down" if a.get("state") == "powered down" else "yes" if a["reachable"] else "no",
+           a["last_seen"] or "", "" if a["age_s"] is None else age(a["age_s"]), a["version"] or "",
+           "" if a["gpus"] is None else a["gpus"], (a["error"] or a.get("note") or "")[:80]) for a in agents],
          parsable=parsable, as_json=as_json, noheader=noheader, json_rows=agents)

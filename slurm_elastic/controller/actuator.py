@@ -187,9 +187,12 @@ class Actuator:
             "signal": d.signal, "grace_s": d.grace_s, "deadline": deadline.isoformat(),
             "last_ack_s": self.known_ack_s(d.unit_id, job),
         }
+        # The GPUs it gives back (what status and the metrics count as reclaimed once it is applied): the
+        # job's GPUs per node on each released node (extension jobs have the leader's GRES per node).
+        gpus = job.gpus_per_node() * len(plan.released_nodes) if job is not None else 0
         action_id = self.store.journal.record_intent(
             job_id=d.unit_id, kind=ActionKind.SHRINK, idempotency_key=key, decision_id=decision_id,
-            cycle_id=cycle_id, nodes=len(plan.released_nodes), fencing=token, params=params)
+            cycle_id=cycle_id, nodes=len(plan.released_nodes), gpus=gpus, fencing=token, params=params)
         self.fault("shrink:after-intent")
         # The job is warned (notice, signal) *before* the action is marked in progress: "in progress" is what
         # lets another controller carry the shrink out, so it must never be on record for an unwarned job. A

@@ -33,10 +33,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from slurm_elastic.controller.backoff import backoff_after, backoff_note, backoff_text
 from slurm_elastic.controller.goodput import FileState, Refused, read_job_file
 from slurm_elastic.controller.power import PowerTracker
 from slurm_elastic.goodput import DIR_NAME
 from slurm_elastic.policy import Action, ElasticUnit, Reason
+from slurm_elastic.policy.holds import Backoff
+from slurm_elastic.policy.model import ExtensionEnd
 from slurm_elastic.prewarm import Event, parse_event
 from slurm_elastic.slurm.model import ClusterSnapshot
 from slurm_elastic.store.protocols import ControllerStore
@@ -106,15 +109,20 @@ def restart_cost(phases: Mapping[str, float]) -> float:
     return round(sum(phases.get(p, 0.0) for p in ("start", "prewarm", "join")), 1)
 
 
-def failed_decision(unit: ElasticUnit, rec: ExtensionRecord, o: PrewarmOutcome, timeout_s: int) -> NewDecision:
+def failed_decision(unit: ElasticUnit, rec: ExtensionRecord, o: PrewarmOutcome, timeout_s: int, *,
+                    cancelled: bool = True, backoff: Backoff | None = None) -> NewDecision:
     size = unit.current_nodes
+    error = o.error or "failed"
+    # The timeout is named only where the failure was one (a command that exited 2 did not time out).
+    bound = f" (--prewarm-timeout {timeout_s}s)" if "timed out" in error or "not ready after" in error else ""
     return NewDecision(
         job_id=unit.unit_id, action=str(Action.HOLD), reason=str(Reason.PREWARM_FAILED),
-        message=(f"extension job {rec.job_id} ({rec.nodelist or '?'}): prewarm on {o.failed_node} {o.error} "
-                 f"(--prewarm-timeout {timeout_s}s); extension job cancelled before it joined, the unit stays at "
-                 f"{size} node(s)"),
+        message=(f"extension job {rec.job_id} ({rec.nodelist or '?'}): prewarm on {o.failed_node} {error}{bound}; "
+                 f"extension job {'cancelled' if cancelled else 'ended'} before it joined, the unit stays at "
+                 f"{size} node(s); {backoff_text(backoff)}"),
         inputs={"extension_job": rec.job_id, "extension_nodes": rec.nodelist, "node": o.failed_node,
                 "error": o.error, "rc": o.rc, "prewarm_timeout_s": timeout_s, "basis": "job",
+                "ended_by": "controller" if cancelled else "job", **backoff_note(backoff),
                 "recorded_by": "controller (not the policy)"},
         current_nodes=size, target_nodes=size)
 
@@ -171,9 +179,14 @@ class ColdStarts:
                     continue
                 if o.kind == "failed":
                     job = snap.job(rec.job_id)
-                    if not dry_run and job is not None and job.state in {"PENDING", "CONFIGURING", "RUNNING"}:
+                    live = job is not None and job.state in {"PENDING", "CONFIGURING", "RUNNING"}
+                    if not dry_run and live:
                         cancel(rec.job_id)
-                    d = failed_decision(unit, rec, o, unit.spec.prewarm_timeout_s)
+                    b = backoff_after(self.store, uid, ExtensionEnd(uid, rec.job_id, "PREWARM_FAILED",
+                                                                    rec.created_at, now, failure="PREWARM_FAILED"),
+                                      now)
+                    d = failed_decision(unit, rec, o, unit.spec.prewarm_timeout_s, cancelled=live and not dry_run,
+                                        backoff=b)
                     log.warning("job %s: %s", unit.job.display_id, d.message)
                 else:
                     d = cold_start_decision(unit, rec, o)

@@ -19,12 +19,14 @@ from datetime import UTC, datetime, timedelta
 
 from slurm_elastic.controller.actuator import Actuator, CycleContext
 from slurm_elastic.controller.admits import AdmitFollower
+from slurm_elastic.controller.backoff import extension_ends
 from slurm_elastic.controller.coldstart import ColdStarts
 from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.controller.goodput import GoodputReader, StoreJournal
 from slurm_elastic.controller.gradstats import GradStatsReader
+from slurm_elastic.controller.grants import Joins
 from slurm_elastic.controller.hold_filter import HoldFilter
 from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import LossRecorder
@@ -32,7 +34,7 @@ from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.molds import Molds
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
 from slurm_elastic.controller.ports import AgentCollector, Clock, ControllerStore, SlurmControl
-from slurm_elastic.controller.power import ResumeFailures
+from slurm_elastic.controller.power import ResumeFailures, note_powered_down
 from slurm_elastic.controller.progress import journal_since, with_progress
 from slurm_elastic.controller.reconcile import ACTIVE, FinalStates, is_known_key, reconcile_pass
 from slurm_elastic.controller.serving import ServingReader
@@ -51,7 +53,6 @@ from slurm_elastic.policy import (
     decide,
     parse_config,
 )
-from slurm_elastic.policy.holds import LOOKBACK_S as BACKOFF_LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, UnitMeasure
 from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd, ServingLoad
 from slurm_elastic.policy.wording import ago
@@ -108,6 +109,7 @@ class Controller:
         self.losses = LossRecorder(store)  # extensions Slurm took away: preemption, node failure (losses.py)
         self.power = ResumeFailures(store)  # Slurm power saving: resume times, failed resumes (power.py)
         self.coldstart = ColdStarts(store, self.power.tracker)  # --prewarm grows: failures, phases (coldstart.py)
+        self.joins = Joins(store)  # which grows joined their job (grants.py)
         self.holds = HoldFilter(cfg.hold_heartbeat_s)  # holds are stored by change (hold_filter.py)
         self.specs = SpecCache()
         self.molds = Molds(store, self.actuator, self.specs)  # moldable start (molds.py)
@@ -232,10 +234,11 @@ class Controller:
         units = {u.unit_id: u for u in built.units}
         before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
         with gc_paused():  # a row per unit on a first cycle: GC would rescan the snapshot for each batch of them
-            self._observe_jobs(built.units, built.sources, built.not_elastic, snap, known)
+            self._observe_jobs((*built.units, *built.booting), built.sources, built.not_elastic, snap, known)
         resume_timeout = self._resume_timeout()
         for failed in self.power.handle(summary.cycle_id or 0, units, snap, now, cancel=self._cancel,
-                                        resume_timeout_s=resume_timeout, dry_run=self.cfg.dry_run, fencing=token):
+                                        resume_timeout_s=resume_timeout, dry_run=self.cfg.dry_run, fencing=token,
+                                        backoff_s=self.policy.power_resume_backoff_s):
             if self.metrics is not None:
                 self.metrics.decisions.labels(failed.action, failed.reason).inc()
             self.holds.forget(failed.job_id)
@@ -244,6 +247,7 @@ class Controller:
             if self.metrics is not None:
                 self.metrics.decisions.labels(warm.action, warm.reason).inc()
             self.holds.forget(warm.job_id)
+        self.joins.note(units, snap, now)  # grows whose extension joined: the GPUs granted (grants.py)
         for lost in self.losses.record(summary.cycle_id or 0, units, snap, now, previous_nodes=before,
                                        fencing=token):
             if self.metrics is not None:
@@ -366,6 +370,7 @@ class Controller:
         where its settings use it, the goodput the job published."""
         # A node Slurm has switched off (or is booting) runs no agent: asking it would only record a failure.
         agents = {n.name: self.cfg.agents.url_for(n.name, n.address) for n in snap.nodes if not n.is_powered_off}
+        note_powered_down(self.store, snap)  # their agents show as powered down, not stale (power.py)
         result = self.collector(agents) if units else CollectResult({}, {})
         self.store.agents.record_scrapes(  # one transaction for every node's scrape
             [AgentScrape(node, result.url(node, agents), version=report.agent_version,
@@ -432,10 +437,8 @@ class Controller:
             return None
 
     def _extension_ends(self, now: datetime) -> list[ExtensionEnd]:
-        """The extension jobs that ended within the grow back-off's look-back (policy/holds.py)."""
-        since = now - timedelta(seconds=BACKOFF_LOOKBACK_S)
-        return [ExtensionEnd(e.parent_job_id, e.job_id, e.state, e.created_at, e.ended_at)
-                for e in self.store.jobs.extensions(active_only=False, ended_since=since) if e.ended_at is not None]
+        """The grows that ended within the grow back-off's look-back, failed ones marked (controller/backoff.py)."""
+        return extension_ends(self.store, now)
 
     def _history(self, actions: Sequence[ActionRecord], units: Mapping[int, ElasticUnit]) -> tuple[ResizeRecord, ...]:
         """The units' resizes among ``actions`` (the journal of the last day) as the policy's history."""

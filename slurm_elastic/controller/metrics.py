@@ -75,8 +75,10 @@ class ControllerMetrics:
         self.admits = Counter(f"{PREFIX}_admits", "Pending jobs a shrink-to-admit was for, by what became of them "
                               "(started, not_started within the verify time, gone).", ["outcome"], registry=r)
         self.managed_jobs = Gauge(f"{PREFIX}_managed_jobs", "Elastic units seen in the latest cycle.", registry=r)
-        self.gpus_granted = Counter(f"{PREFIX}_gpus_granted", "GPUs granted by applied grows.", registry=r)
-        self.gpus_reclaimed = Counter(f"{PREFIX}_gpus_reclaimed", "GPUs reclaimed by applied shrinks.", registry=r)
+        self.gpus_granted = Counter(f"{PREFIX}_gpus_granted", "GPUs that joined jobs: applied grows whose "
+                                    "extension joined (failed prewarms and resumes grant nothing).", registry=r)
+        self.gpus_reclaimed = Counter(f"{PREFIX}_gpus_reclaimed", "GPUs released by applied shrinks (their "
+                                      "cancelled extensions included) and extension cancels.", registry=r)
         self.scrape_errors = Counter(f"{PREFIX}_agent_scrape_errors", "Failed agent scrapes, by node.", ["node"],
                                      registry=r)
         self.agent_staleness = Gauge(f"{PREFIX}_agent_staleness_seconds",

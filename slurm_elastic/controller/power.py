@@ -26,8 +26,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from slurm_elastic.controller.backoff import backoff_after, backoff_note, backoff_text
 from slurm_elastic.policy import Action, ElasticUnit, PowerState, Reason
+from slurm_elastic.policy.holds import Backoff
+from slurm_elastic.policy.model import ExtensionEnd
 from slurm_elastic.slurm.model import ClusterSnapshot, Node
+from slurm_elastic.store.agents_sql import is_powered_down
 from slurm_elastic.store.protocols import ControllerStore
 from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, FencingToken, NewDecision
 
@@ -108,18 +112,28 @@ def find_resume_failures(units: Mapping[int, ElasticUnit], records: Iterable[Ext
     return out
 
 
-def failure_decision(unit: ElasticUnit, f: ResumeFailure, resume_timeout_s: float | None) -> NewDecision:
-    """The RESUME_FAILED hold for ``f``: the unit stays at its size; inputs name what failed. Pure."""
+def failure_decision(unit: ElasticUnit, f: ResumeFailure, resume_timeout_s: float | None, *,
+                     cancelled: bool, backoff_s: int | None = None, now: datetime | None = None,
+                     backoff: Backoff | None = None) -> NewDecision:
+    """The RESUME_FAILED hold for ``f``: the unit stays at its size; inputs name what failed and who ended the
+    extension (``cancelled``: the controller; else Slurm, in ``slurm_state``). Pure."""
     bound = f"ResumeTimeout {resume_timeout_s:.0f}s" if resume_timeout_s is not None else "ResumeTimeout"
     size = unit.current_nodes
+    ended = ("extension job cancelled by the controller" if cancelled
+             else f"extension job ended by Slurm ({f.slurm_state})")
+    until = (now + timedelta(seconds=backoff_s)) if backoff_s and now is not None else None
+    nodes_note = (f"not grown onto again until {until.strftime('%Y-%m-%dT%H:%M:%SZ')} (power_resume_backoff_s "
+                  f"{backoff_s}s)" if until is not None else "not grown onto again for power_resume_backoff_s")
     return NewDecision(
         job_id=unit.unit_id, action=str(Action.HOLD), reason=str(Reason.RESUME_FAILED),
         message=(f"extension job {f.extension_job} ({','.join(f.nodes)}): powered-down node(s) "
                  f"{','.join(f.failed)} did not come back within {bound} (now {', '.join(f.node_states.values())}); "
-                 f"extension job cancelled, the unit stays at {size} node(s); not grown onto again for "
-                 f"power_resume_backoff_s"),
+                 f"{ended}, the unit stays at {size} node(s); {','.join(f.failed)} {nodes_note}; "
+                 f"{backoff_text(backoff)}"),
         inputs={"extension_job": f.extension_job, "extension_nodes": list(f.nodes), "lost_nodes": list(f.failed),
                 "node_states": dict(f.node_states), "slurm_state": f.slurm_state,
+                "ended_by": "controller" if cancelled else "slurm", **backoff_note(backoff),
+                "node_backoff_until": until.isoformat() if until is not None else None,
                 "resume_timeout_s": resume_timeout_s, "basis": "slurm", "recorded_by": "controller (not the policy)"},
         current_nodes=size, target_nodes=size)
 
@@ -133,7 +147,7 @@ class ResumeFailures:
 
     def handle(self, cycle_id: int, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
                cancel: Callable[[int], None], resume_timeout_s: float | None, dry_run: bool = False,
-               fencing: FencingToken | None = None) -> list[NewDecision]:
+               fencing: FencingToken | None = None, backoff_s: int | None = None) -> list[NewDecision]:
         failed = self.tracker.observe(snap, now)
         if not failed:
             return []
@@ -141,9 +155,15 @@ class ResumeFailures:
         written: list[NewDecision] = []
         for f in find_resume_failures(units, records, snap, failed):
             job = snap.job(f.extension_job)
-            if not dry_run and job is not None and job.state in {"PENDING", "CONFIGURING", "RUNNING"}:
+            live = job is not None and job.state in {"PENDING", "CONFIGURING", "RUNNING"}
+            if not dry_run and live:
                 cancel(f.extension_job)
-            d = failure_decision(units[f.unit_id], f, resume_timeout_s)
+            rec = next((r for r in records if r.job_id == f.extension_job), None)
+            b = backoff_after(self.store, f.unit_id, ExtensionEnd(
+                f.unit_id, f.extension_job, "RESUME_FAILED", rec.created_at if rec else now, now,
+                failure="RESUME_FAILED"), now)
+            d = failure_decision(units[f.unit_id], f, resume_timeout_s, cancelled=live and not dry_run,
+                                 backoff_s=backoff_s, now=now, backoff=b)
             self.store.decisions.record_decisions(cycle_id, [d], fencing=fencing)
             log.warning("job %s: %s", units[f.unit_id].job.display_id, d.message)
             written.append(d)
@@ -159,3 +179,17 @@ class ResumeFailures:
                 for name in lost if isinstance(lost, list) else []:
                     failed[str(name)] = max(d.time, failed.get(str(name), d.time))
         return PowerState(resume_s=self.tracker.estimates(), resume_timeout_s=resume_timeout_s, resume_failed=failed)
+
+
+def note_powered_down(store: ControllerStore, snap: ClusterSnapshot) -> list[str]:
+    """Agents of nodes Slurm has switched off (or is booting) are shown as powered down, not as stale or
+    unreachable (``agents``, ``status``): noted once per power-down (the next successful scrape clears it).
+    Returns the nodes noted now."""
+    off = {n.name: n for n in snap.nodes if n.is_powered_off}
+    noted: list[str] = []
+    for a in store.agents.list_agents() if off else ():
+        n = off.get(a.node)
+        if n is not None and not is_powered_down(a.last_error):
+            store.agents.agent_powered_down(a.node, url=a.url, state=_state(n))
+            noted.append(a.node)
+    return noted

@@ -43,6 +43,9 @@ class UnitsResult:
     units: tuple[ElasticUnit, ...]
     sources: dict[int, SpecSource]
     not_elastic: dict[int, str]  # job id -> reason (invalid directives, unreadable script, …)
+    #: Elastic leaders Slurm is still starting (CONFIGURING: their powered-down nodes boot): no units yet (the
+    #: policy never resizes a job that has not started), but ``jobs`` shows them.
+    booting: tuple[ElasticUnit, ...] = ()
 
 
 def _from_comment(comment: str) -> Reading:
@@ -106,4 +109,11 @@ def build_units(
             for e in sorted(exts.get(job_id, []), key=lambda e: e.job_id)
         )
         units.append(ElasticUnit(job=leader, spec=specs[job_id], extensions=ext_jobs))
-    return UnitsResult(units=tuple(units), sources=sources, not_elastic=not_elastic)
+    booting: list[ElasticUnit] = []
+    for job in snap.jobs:
+        if job.state == "CONFIGURING" and parse_tag(job.comment) is None:
+            spec, source, _ = _spec_for(job, read_script, cache)
+            if spec is not None:
+                booting.append(ElasticUnit(job=job, spec=spec))
+                sources[job.job_id] = source or "script"
+    return UnitsResult(units=tuple(units), sources=sources, not_elastic=not_elastic, booting=tuple(booting))

@@ -7,7 +7,9 @@
   wait :data:`FIRST_WAIT_S` after the last such end, doubling per such end in the last :data:`LOOKBACK_S`, at
   most :data:`MAX_WAIT_S`. Ends that are no failure of the job do not count: our own cancels and normal ends
   (CANCELLED, COMPLETED) and Slurm-side losses (:data:`SLURM_LOSS_STATES`: PREEMPTED, NODE_FAIL), after which
-  the cooldown is the only wait.
+  the cooldown is the only wait. A grow the controller saw fail counts whatever Slurm's end state says
+  (:attr:`ExtensionEnd.failure`): its prewarm failed (the cancelled extension may end COMPLETED), its
+  powered-down node did not resume (NODE_FAIL, or CANCELLED by us), or sbatch refused the extension.
 
 Both run after the walk and the action cap, on the actions those let through: a held action keeps what it was
 given there (its nodes stay free for the next cycle, its place under ``max_actions_per_cycle`` is not handed to
@@ -47,10 +49,37 @@ class Backoff:
 
 
 def is_failure(end: ExtensionEnd, now: datetime) -> bool:
-    """An extension job that died on its own, recently enough to count for the back-off."""
-    return (end.ended_at > now - timedelta(seconds=LOOKBACK_S) and end.state not in ENDS_BY_US
-            and end.state not in SLURM_LOSS_STATES
+    """A grow that failed (the controller says so, or its extension died on its own), recently enough to count
+    for the back-off."""
+    if end.ended_at <= now - timedelta(seconds=LOOKBACK_S):
+        return False
+    if end.failure:
+        return True
+    return (end.state not in ENDS_BY_US and end.state not in SLURM_LOSS_STATES
             and (end.ended_at - end.submitted_at).total_seconds() < SHORT_LIFE_S)
+
+
+def backoff_until(b: Backoff) -> datetime:
+    """When the back-off ``b`` ends: its wait after the newest failure."""
+    return b.failures[0].ended_at + timedelta(seconds=b.wait_s)
+
+
+def describe(end: ExtensionEnd) -> str:
+    """One failed grow in words, for messages and views."""
+    if end.failure == "GROW_REFUSED":
+        return "extension sbatch refused"
+    if end.failure:
+        return f"extension job {end.job_id}: {end.failure}"
+    return f"extension job {end.job_id} ended {end.state}"
+
+
+def backoff_message(b: Backoff) -> str:
+    last, until = b.failures[0], backoff_until(b)
+    at = f"next grow in {b.left_s:.0f}s, at {until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+    if not any(e.failure for e in b.failures):
+        return (f"{len(b.failures)} extension job(s) ended on their own within {SHORT_LIFE_S:.0f}s "
+                f"(last {last.job_id}: {last.state}); {at}")
+    return f"{len(b.failures)} failed grow(s) in the last {LOOKBACK_S / 60:.0f} min (last: {describe(last)}); {at}"
 
 
 def grow_backoff(ends: Iterable[ExtensionEnd], now: datetime) -> Backoff | None:
@@ -82,12 +111,11 @@ def hold_blocked(decisions: list[Decision], inp: PolicyInput, now: datetime) -> 
                              {"in_progress": a.kind, "in_progress_since": a.since.isoformat()}))
         elif d.action is Action.GROW and (b := grow_backoff(ends.get(d.unit_id, ()), now)) is not None:
             last = b.failures[0]
-            out.append(_held(d, Reason.GROW_BACKOFF,
-                             f"{len(b.failures)} extension job(s) ended on their own within {SHORT_LIFE_S:.0f}s "
-                             f"(last {last.job_id}: {last.state}); next grow in {b.left_s:.0f}s",
+            out.append(_held(d, Reason.GROW_BACKOFF, backoff_message(b),
                              {"extension_failures": len(b.failures), "backoff_s": b.wait_s,
-                              "backoff_until": (last.ended_at + timedelta(seconds=b.wait_s)).isoformat(),
-                              "last_failed_extension": last.job_id}))
+                              "backoff_until": backoff_until(b).isoformat(),
+                              "last_failed_extension": last.job_id,
+                              "last_failure": last.failure or last.state}))
         else:
             out.append(d)
     return out

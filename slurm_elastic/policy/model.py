@@ -259,6 +259,9 @@ class ExtensionEnd:
     state: str  # Slurm base state it ended in (FAILED, CANCELLED, PREEMPTED, ...), or ENDED when unknown
     submitted_at: datetime
     ended_at: datetime
+    #: A failure the controller recorded for this grow whatever Slurm's end state says (a cancelled extension
+    #: often ends COMPLETED): PREWARM_FAILED, RESUME_FAILED, or GROW_REFUSED (sbatch refused it; job_id 0).
+    failure: str = ""
 
 
 @dataclass(frozen=True)

@@ -173,15 +173,17 @@ REASON_DOCS: dict[Reason, str] = {
     "job ended NODE_FAIL); counts as a resize, so the cooldown follows",
     Reason.ACTION_IN_PROGRESS: "hold: would grow or shrink, but an earlier action of the unit is not finished "
     "(e.g. a shrink in its grace period)",
-    Reason.GROW_BACKOFF: "hold: would grow, but extension jobs of the unit ended on their own within 600 s of "
-    "submission: 60 s after the last one, doubling per such end in the last hour (at most 1 h)",
+    Reason.GROW_BACKOFF: "hold: would grow, but grows of the unit failed (a prewarm failed, a resume failed, an "
+    "extension sbatch was refused, or an extension job ended on its own within 600 s of submission): 60 s after "
+    "the last one, doubling per failed grow in the last hour (at most 1 h)",
     Reason.POWER_RESUME_COST: "hold: would grow, no powered-on free node fits, and the expected gain over the "
     "remaining time does not pay for resuming powered-down nodes plus a restart (power_resume)",
     Reason.RESUME_FAILED: "hold, recorded by the controller: an extension job's powered-down node did not come "
-    "back within ResumeTimeout; the extension job is cancelled, the unit keeps its size and the node is not "
-    "grown onto for power_resume_backoff_s",
+    "back within ResumeTimeout; the extension job is cancelled (or Slurm ended it: ended_by), the unit keeps its "
+    "size, the node is not grown onto for power_resume_backoff_s and the unit's grows back off (GROW_BACKOFF)",
     Reason.PREWARM_FAILED: "hold, recorded by the controller: a grow's --prewarm command failed or timed out on a "
-    "new node; the extension job is cancelled before it joined and the unit keeps its size",
+    "new node; the extension job is cancelled before it joined, the unit keeps its size and its grows back off "
+    "(GROW_BACKOFF)",
     Reason.COLD_START: "hold, recorded by the controller: a grow's new nodes joined; its cold start in phases "
     "(resume, start, prewarm, join), recorded as the unit's restart cost",
 }

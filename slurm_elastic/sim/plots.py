@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,43 +45,6 @@ def _pyplot(directory: Path) -> Any:
     except OSError as exc:
         raise SimulationError(f"cannot create {directory}: {exc.strerror or exc}") from exc
     return plt
-
-
-def _cdf(ax: Any, values: Sequence[float], label: str) -> None:
-    ordered = sorted(values)
-    ax.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post", label=label)
-
-
-def write_report_plots(jcts: Mapping[str, Sequence[float]], waits: Mapping[str, Sequence[float]],
-                       utilization: Sequence[tuple[float, float]], directory: Path) -> list[Path]:
-    """``slurm-elastic report --plot``: jct_cdf.png and wait_cdf.png (seconds, one curve per kind of job) and,
-    when there are samples, utilization.png ((epoch seconds, utilization 0..1) of the elastic jobs)."""
-    plt = _pyplot(directory)
-    paths: list[Path] = []
-    for name, series, what in (("jct_cdf.png", jcts, "job completion time"), ("wait_cdf.png", waits, "queue wait")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for label, values in series.items():
-            if values:
-                _cdf(ax, [v / 3600.0 for v in values], label)
-        ax.set_xlabel(f"{what} (hours)")
-        ax.set_ylabel("fraction of jobs")
-        ax.set_title(f"{what} CDF")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-        paths.append(_save(fig, directory / name, plt))
-    if utilization:
-        from datetime import UTC, datetime
-
-        fig, ax = plt.subplots(figsize=(9, 4.5))
-        ax.plot([datetime.fromtimestamp(t, UTC) for t, _ in utilization], [u for _, u in utilization])
-        ax.set_xlabel("time (UTC)")
-        ax.set_ylabel("GPU utilization of elastic jobs")
-        ax.set_ylim(0, 1.05)
-        ax.set_title("GPU utilization over time")
-        ax.grid(True, alpha=0.3)
-        fig.autofmt_xdate()
-        paths.append(_save(fig, directory / "utilization.png", plt))
-    return paths
 
 
 def write_plots(results: Mapping[str, SimResult], directory: Path) -> list[Path]:

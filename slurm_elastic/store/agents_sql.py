@@ -13,6 +13,15 @@ from slurm_elastic.store.models import AgentColumns
 from slurm_elastic.store.records import AgentRecord, AgentScrape
 
 MAX_ERROR = 4000
+#: The note an agent carries (in last_error) while Slurm's power saving has its node off or booting: it was not
+#: asked, so it is neither stale nor unreachable (``agents``, ``status``); the next successful scrape clears it.
+POWERED_DOWN = "node powered down by Slurm"
+
+
+def is_powered_down(error: str | None) -> bool:
+    return bool(error) and str(error).startswith(POWERED_DOWN)
+
+
 _CHUNK = 500  # node names per IN (...) read
 
 
@@ -38,6 +47,10 @@ class SqlAgents:
     def agent_failed(self, node: str, *, url: str, error: str) -> AgentRecord:
         """A failed scrape: keeps last_seen (so staleness grows) and records why."""
         return self._upsert(node, url, "record agent error", ok=False, error=error)
+
+    def agent_powered_down(self, node: str, *, url: str, state: str) -> AgentRecord:
+        """Slurm's power saving switched the node off (or is booting it): the agent was not asked."""
+        return self._upsert(node, url, "record agent powered down", ok=False, error=f"{POWERED_DOWN} ({state})")
 
     def _upsert(self, node: str, url: str, op: str, *, ok: bool, version: str | None = None,
                 gpu_count: int | None = None, error: str = "") -> AgentRecord:

@@ -139,6 +139,19 @@ class SqlJournal:
                 message = f"{message} (gave up after {row.attempts} attempts)"
             return self._apply(s, row, wanted, message=message, transient=transient)
 
+    def note_joined(self, action_id: int, at: datetime) -> ActionRecord:
+        """An applied grow's extension joined its job (ran there: Slurm started it, and its prewarm, if any,
+        succeeded): ``params["joined_at"]``, once. Only joined grows count as GPUs granted (:meth:`gpu_totals`)."""
+        with self._db.write("note grow joined") as s:
+            row = self._row(s, action_id)
+            if ActionKind(row.kind) is not ActionKind.GROW or ActionState(row.state) is not ActionState.APPLIED:
+                raise IllegalTransitionError(row.id, row.state, row.state, "only an applied grow joins")
+            if "joined_at" not in (row.params or {}):
+                row.params = {**dict(row.params or {}), JOINED_AT: require_aware(at, "at").isoformat()}
+                row.updated_at = self._db.now()
+                s.flush()
+            return action_record(row)
+
     def abort(self, action_id: int, message: str) -> ActionRecord:
         """-> aborted: reconcile found the action was not (and will not be) done, e.g. the job ended."""
         return self._move(action_id, ActionState.ABORTED, "abort action", message=message)
@@ -257,14 +270,39 @@ class SqlJournal:
             return {(ActionKind(k), ActionState(st)): int(n) for k, st, n in s.execute(stmt).all()}
 
     def gpu_totals(self, since: datetime) -> GpuTotals:
-        """GPUs granted (applied grows) and reclaimed (applied shrinks and extension cancels) since ``since``."""
+        """GPUs granted and reclaimed since ``since``, from applied actions only: granted = the GPUs of grows whose
+        extension joined its job since then (:meth:`note_joined`; a grow whose prewarm or resume failed, or that
+        never started, grants nothing); reclaimed = the GPUs released by shrinks applied since then (their
+        cancelled extensions included) and by applied extension cancels."""
+        since = require_aware(since, "since")
         A = self._db.models.action
         stmt = (select(A.kind, func.coalesce(func.sum(A.gpus), 0))
-                .where(A.state == ActionState.APPLIED.value, A.finished_at >= require_aware(since, "since"))
+                .where(A.state == ActionState.APPLIED.value, A.finished_at >= since,
+                       A.kind.in_([ActionKind.SHRINK.value, ActionKind.CANCEL_EXTENSION.value]))
                 .group_by(A.kind))
+        # A grow joins after it is applied (submitted): the ones applied up to a day before may join in the window.
+        grows = (select(A.gpus, A.params).where(A.state == ActionState.APPLIED.value,
+                                                A.kind == ActionKind.GROW.value,
+                                                A.finished_at >= since - timedelta(days=1)))
         with self._db.read("sum GPUs moved") as s:
             by_kind = {ActionKind(k): int(n) for k, n in s.execute(stmt).all()}
+            granted = sum(int(gpus or 0) for gpus, params in s.execute(grows).all()
+                          if _joined_since(params, since))
         return GpuTotals(
-            granted=by_kind.get(ActionKind.GROW, 0),
+            granted=granted,
             reclaimed=by_kind.get(ActionKind.SHRINK, 0) + by_kind.get(ActionKind.CANCEL_EXTENSION, 0),
         )
+
+
+JOINED_AT = "joined_at"
+
+
+def _joined_since(params: Mapping[str, Any] | None, since: datetime) -> bool:
+    text = (params or {}).get(JOINED_AT)
+    if not isinstance(text, str):
+        return False
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return at.tzinfo is not None and at >= since

@@ -191,7 +191,8 @@ class DecisionCount:
 
 @dataclass(frozen=True)
 class GpuTotals:
-    """GPUs handed out (applied grows) and taken back (applied shrinks and extension cancels) in a period."""
+    """GPUs that joined jobs (applied grows whose extension joined) and GPUs taken back (applied shrinks and
+    extension cancels) in a period."""
 
     granted: int
     reclaimed: int

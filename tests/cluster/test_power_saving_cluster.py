@@ -12,6 +12,9 @@ a. An elastic job below its min on n5 grows onto the powered-down n6: the decisi
    restart cost.
 b. n6 never boots (listed in etc/power-fail-nodes): after ResumeTimeout the controller records RESUME_FAILED,
    the extension job is cancelled, the unit stays at one node, and n6 is not grown onto again (backoff).
+c. The job's ``--prewarm`` exits 2 on n6: PREWARM_FAILED (no timeout named), the extension cancelled (it ends
+   COMPLETED), and the grow backs off (GROW_BACKOFF) until the time the record names: one attempt per back-off
+   period, with n6 powered down in between.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.slurm.model import Job
+from slurm_elastic.store.records import DecisionRecord
 from tests.cluster.agents_harness import JOB_PYTHON, Agents
 from tests.cluster.controller_harness import controller_config, running_controller, wait_until
 from tests.cluster.harness import RELEASE, REPO, TestCluster
@@ -48,6 +53,7 @@ PREWARM_SCRIPT = f"""#!/bin/bash
 export PYTHONPATH={REPO}
 srun --kill-on-bad-exit=0 --ntasks-per-node=1 {JOB_PYTHON} -m slurm_elastic.launch exec {JOB_PYTHON} -c '{WORKER}'
 """
+FAILING_PREWARM_SCRIPT = PREWARM_SCRIPT.replace('time.sleep(2)', 'raise SystemExit(2)')
 
 
 def _node(cluster: TestCluster, name: str) -> tuple[str, str]:
@@ -166,3 +172,46 @@ def test_resume_failure_keeps_the_unit_and_backs_the_node_off(agents: Agents, cl
     cluster.run(["scontrol", "update", "NodeName=n5", "State=POWER_DOWN_FORCE"])
     wait_until("n5 powered down again", lambda: _powered_down(cluster, "n5"), 60)
     print(f"\nresume failure recorded and cleaned up in {time.monotonic() - t0:.1f}s")
+
+
+def test_a_failing_prewarm_backs_off_and_the_node_powers_down_in_between(agents: Agents, clean_cluster: TestCluster,
+                                                                         tmp_path: Path) -> None:
+    cluster = clean_cluster
+    wait_until("n6 powered down", lambda: _powered_down(cluster, "n6"), 90)
+    t0 = time.monotonic()
+    job = _leader_on_n5(cluster, FAILING_PREWARM_SCRIPT)
+    with running_controller(cluster, controller_config(tmp_path, agents)) as ctl:
+        def failed() -> list[DecisionRecord]:
+            return sorted((d for d in ctl.decisions(job) if d.reason == "PREWARM_FAILED"), key=lambda d: d.time)
+        wait_until("the first PREWARM_FAILED", lambda: len(failed()) >= 1, 120, ctl)
+        first = failed()[0]
+        assert "prewarm on n6 exited with status 2" in first.message and "--prewarm-timeout" not in first.message
+        until = datetime.fromisoformat(str(first.inputs["grow_backoff_until"]))
+        assert first.inputs["failed_grows"] == 1 and first.inputs["grow_backoff_s"] == 60.0
+        ext = int(str(first.inputs["extension_job"]))
+        off_between: list[float] = []
+
+        def second() -> bool:
+            if _powered_down(cluster, "n6") and datetime.now(tz=UTC) < until:
+                off_between.append(time.monotonic() - t0)
+            return len(failed()) >= 2
+        wait_until("the second PREWARM_FAILED, after the back-off", second, 180, ctl)
+        grows = sorted((d for d in ctl.decisions(job) if d.action == "grow"), key=lambda d: d.time)
+        # One attempt per back-off period: the second grow waited for the first failure's back-off to end
+        assert len(grows) == 2 and grows[1].time >= until - timedelta(seconds=1), (
+            [(d.time, d.message) for d in grows], until)
+        held = [d for d in ctl.decisions(job) if d.reason == "GROW_BACKOFF"]
+        assert held and held[0].inputs["backoff_until"] == until.isoformat() and "PREWARM_FAILED" in held[0].message
+        assert off_between, "n6 did not power down within the back-off"
+        second_failure = failed()[1]
+        assert second_failure.inputs["failed_grows"] == 2 and second_failure.inputs["grow_backoff_s"] == 120.0
+        print(f"\nfirst prewarm failure {first.time}, back-off until {until}, second grow {grows[1].time}; "
+              f"extension {ext} ended {cluster.job_state(ext)}; n6 powered down "
+              f"{off_between[0]:.0f}s into the test")
+    # Leave the cold nodes switched off for the next test, without idling until SuspendTime.
+    cluster.cancel_all()
+    cluster.wait_state(job, {"CANCELLED", "COMPLETED"}, timeout=60)
+    cluster.run(["scontrol", "update", "NodeName=n5,n6", "State=POWER_DOWN_FORCE"])
+    wait_until("n5 and n6 powered down again", lambda: _powered_down(cluster, "n6") and _powered_down(cluster, "n5"),
+               60)
+    print(f"whole test {time.monotonic() - t0:.1f}s")

@@ -1,6 +1,8 @@
 """``report`` and ``whatif`` on the live cluster: one elastic and two rigid short jobs run to completion under a
 (dry-run) controller; ``report`` must agree with figures the test computes from ``sacct`` itself, and ``whatif``
-replays the same accounting."""
+replays the same accounting. Then a real controller grows one job and shrinks another: ``status``'s GPUs granted
+and reclaimed, and ``report``'s GPU-hours (what each job held at each size), resizes, JCT and wait, against sacct
+by hand."""
 
 from __future__ import annotations
 
@@ -93,3 +95,82 @@ def test_report_agrees_with_sacct_and_whatif_replays_it(agents: Agents, clean_cl
     assert whatif["all"]["jobs"] == whatif["rigid"]["jobs"] == whatif["elastic"]["jobs"] == len(expected)
     assert whatif["all"]["jct_p50_s"] == total["jct_p50_s"]
     assert whatif["rigid"]["gpu_hours"] > 0
+
+
+DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 2 --window 10s --cooldown 600s --grace 3s --signal USR2"
+
+
+def by_hand(cluster: TestCluster, job_id: int) -> dict[str, float]:
+    """Job ``job_id`` from its sacct records, by hand: the GPU-seconds it held (a shrink in place leaves a RESIZING
+    record at the old size, ending at the resize: each record counts from where the previous one ended), how many
+    RESIZING records, its JCT (last end - first submission) and wait (first start - first submission)."""
+    out = cluster.run(["sacct", "-a", "-X", "-n", "-P", "-j", str(job_id), "-o", "Submit,Start,End,AllocTRES,State"],
+                      check=True).stdout
+    gpu_s, previous_end, resized = 0.0, None, 0
+    submits, starts, ends = [], [], []
+    for line in out.splitlines():
+        submit, start, end, tres, state = line.split("|")
+        t0, t1 = datetime.fromisoformat(start), datetime.fromisoformat(end)
+        begin = t0 if previous_end is None else max(t0, previous_end)
+        gpu_s += int(tres.split("gres/gpu=")[1].split(",")[0]) * max(0.0, (t1 - begin).total_seconds())
+        previous_end = t1
+        resized += state == "RESIZING"
+        submits.append(datetime.fromisoformat(submit))
+        starts.append(t0)
+        ends.append(t1)
+    first = min(submits)
+    return {"gpu_s": gpu_s, "resized": resized, "jct": (max(ends) - first).total_seconds(),
+            "wait": (min(starts) - first).total_seconds()}
+
+
+def test_a_real_controller_grows_one_job_shrinks_another_and_every_number_matches(
+        agents: Agents, clean_cluster: TestCluster, tmp_path: Path) -> None:
+    """status's GPUs granted (joined) and reclaimed after one grow and one shrink, and report's
+    GPU-hours and resizes for both jobs, against sacct by hand."""
+    from slurm_elastic.store.records import ActionKind
+    from tests.cluster.controller_harness import elastic_script, marker_file
+
+    cluster = clean_cluster
+    marker = marker_file(cluster)
+    since = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    wait_until("the window to open", lambda: datetime.now(UTC) >= since, 5)
+    with running_controller(cluster, controller_config(tmp_path, agents)) as ctl:
+        busy = cluster.submit(elastic_script(95, DIRECTIVES, marker), "-N1", "--gres=gpu:4", "--time=10",
+                              user="alice")
+        idle = cluster.submit(elastic_script(5, DIRECTIVES, marker), "-N2", "--gres=gpu:4", "--time=10", user="bob")
+        wait_until("the grow joined and the shrink applied", lambda: any(
+            "joined_at" in a.params for a in ctl.applied(busy, ActionKind.GROW)) and ctl.applied(
+            idle, ActionKind.SHRINK), 120, ctl)
+        ctl.wait_cycles(5)  # both run on at their new size for a while: the GPU-hours of each size tell apart
+        status = json.loads(subprocess.run(
+            [sys.executable, "-m", "slurm_elastic.cli", "status", "--url", ctl.db_url, "--json"], capture_output=True,
+            text=True, env=cluster.env, cwd=REPO, timeout=60, check=True).stdout)
+        (grow,) = ctl.applied(busy, ActionKind.GROW)
+        (shrink,) = ctl.applied(idle, ActionKind.SHRINK)
+        exts = [e.job_id for e in ctl.store().jobs.extensions(busy, active_only=False)]
+        cluster.cancel(busy)
+        cluster.cancel(idle)
+        for job in (busy, idle, *exts):
+            cluster.wait_state(job, {"CANCELLED", "COMPLETED", "FAILED"}, 60)
+        until = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+        wait_until("the window to close", lambda: datetime.now(UTC) >= until, 5)
+        wait_until("sacct to list the jobs ended", lambda: {str(busy), str(idle)} <= set(
+            sacct_jobs(cluster, since, until)), 30)
+        rows = {r["kind"]: r for r in cli(cluster, "report", "--since", since.isoformat(), "--until",
+                                           until.isoformat(), "--url", ctl.db_url)}
+    # status: 4 GPUs joined the busy job (one node of gpu:4), 4 left the idle one
+    assert (grow.gpus, shrink.gpus) == (4, 4)
+    assert (status["gpus_granted_today"], status["gpus_reclaimed_today"]) == (4, 4), status
+    # report: what each job held over time, from sacct by hand; resizes = the two applied size changes
+    b, i = by_hand(cluster, busy), by_hand(cluster, idle)
+    ext_s = sum(by_hand(cluster, e)["gpu_s"] for e in exts)
+    assert i["resized"] == 1  # the shrink in place: a RESIZING record at 8 GPUs, then 4
+    elastic = rows["elastic"]
+    assert elastic["jobs"] == 2 and elastic["resizes"] == 2
+    assert elastic["gpu_hours"] == pytest.approx((b["gpu_s"] + ext_s + i["gpu_s"]) / 3600, abs=0.001)
+    assert elastic["jct_mean_s"] == pytest.approx((b["jct"] + i["jct"]) / 2, abs=0.1)
+    assert elastic["wait_mean_s"] == pytest.approx((b["wait"] + i["wait"]) / 2, abs=0.1)
+    busy_s, idle_s = b["gpu_s"], i["gpu_s"]
+    print(f"\ngranted {status['gpus_granted_today']}, reclaimed {status['gpus_reclaimed_today']}; GPU-hours "
+          f"{elastic['gpu_hours']} (busy {busy_s:.0f} + extension {ext_s:.0f} + idle {idle_s:.0f} GPU-s), "
+          f"resizes {elastic['resizes']}")

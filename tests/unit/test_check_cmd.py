@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from slurm_elastic.cli import main
 
-GOOD = "#!/bin/bash\n#SBATCH -N 2\n#ELASTIC --min-nodes 1 --max-nodes=3 --window 1h30m --signal SIGusr2\nsrun x\n"
+GOOD = ("#!/bin/bash\n#SBATCH -N 2\n#ELASTIC --min-nodes 1 --max-nodes=3 --window 1h30m --signal SIGusr2\n"
+        "trap 'echo checkpoint' SIGUSR2\nsrun x\n")
 BAD = "#!/bin/bash\n#ELASTIC --min-nodes 4 --max-nodes 2\n#ELASTIC --window 5 --frobnicate\nsrun x\n"
 
 
@@ -47,11 +48,11 @@ def test_bad_script_one_line_per_error_on_stderr(tmp_path: Path) -> None:
 
 
 def test_warnings_do_not_fail_the_check(tmp_path: Path) -> None:
-    script = _write(tmp_path, "#!/bin/bash\n#ELASTIC --max-nodes 2\nsrun x\n#ELASTIC --step 2\n")
+    script = _write(tmp_path, "#!/bin/bash\n#ELASTIC --max-nodes 2\ntrap : USR1\nsrun x\n#ELASTIC --step 2\n")
     r = CliRunner().invoke(main, ["check", str(script)])
     assert r.exit_code == 0
     assert r.stdout == "elastic:v1 max=2\n"
-    assert r.stderr == (f"{script}:4: warning: ignored: #ELASTIC lines after the first command (line 3) "
+    assert r.stderr == (f"{script}:5: warning: ignored: #ELASTIC lines after the first command (line 3) "
                         "are not read\n")
 
 
@@ -114,7 +115,34 @@ def test_installed_entry_point(tmp_path: Path) -> None:
     assert proc.stdout == "elastic:v1 min=1 max=3 window=5400 signal=USR2\n"
 
 
-UP30 = "#!/bin/bash\n#SBATCH -p train -A nlp\n#ELASTIC --scale-up-above 30\nsrun x\n"
+def test_a_script_without_a_handler_for_its_grace_signal_is_warned_about(tmp_path: Path) -> None:
+    """`scancel --signal=USR1 --full` at a shrink kills a batch shell without a trap (FAILED 0:10)."""
+    bare = _write(tmp_path, "#!/bin/bash\n#ELASTIC --min-nodes 1 --max-nodes 3\nsrun x\n")
+    r = CliRunner().invoke(main, ["check", str(bare)])
+    assert r.exit_code == 0 and "no handler for the grace signal SIGUSR1" in r.stderr
+    assert "trap 'echo checkpoint' USR1" in r.stderr
+    for handled in ("trap 'echo ckpt' USR1 TERM", "trap handler SIGUSR1", "trap - 10"):
+        script = _write(tmp_path, f"#!/bin/bash\n#ELASTIC --max-nodes 3\n{handled}\nsrun x\n", "ok.sh")
+        assert CliRunner().invoke(main, ["check", str(script)]).stderr == "", handled
+    other = _write(tmp_path, "#!/bin/bash\n#ELASTIC --max-nodes 3 --signal USR2\ntrap 'x' USR1\nsrun x\n", "o.sh")
+    assert "SIGUSR2" in CliRunner().invoke(main, ["check", str(other)]).stderr  # a trap for another signal
+    never = _write(tmp_path, "#!/bin/bash\n#ELASTIC --max-nodes 3 --no-shrink\nsrun x\n", "n.sh")
+    assert CliRunner().invoke(main, ["check", str(never)]).stderr == ""  # never shrinks: never signalled
+    py = _write(tmp_path, "#!/usr/bin/env python3\n#ELASTIC --max-nodes 3\nimport signal\n"
+                "signal.signal(signal.SIGUSR1, lambda *a: None)\n", "p.py")
+    assert CliRunner().invoke(main, ["check", str(py)]).stderr == ""
+    doc = json.loads(CliRunner().invoke(main, ["check", "--json", str(bare)]).stdout)
+    assert len(doc["pitfalls"]) == 1
+
+
+def test_the_prewarm_command_prints_as_text_not_hex(tmp_path: Path) -> None:
+    script = _write(tmp_path, "#!/bin/bash\n#ELASTIC --max-nodes 3 --prewarm 'stage --to /tmp/x'\ntrap : USR1\n"
+                              "srun x\n")
+    r = CliRunner().invoke(main, ["check", str(script)])
+    assert r.exit_code == 0 and r.stdout == "elastic:v1 max=3 prewarm='stage --to /tmp/x'\n", r.output
+
+
+UP30 = "#!/bin/bash\n#SBATCH -p train -A nlp\n#ELASTIC --scale-up-above 30\ntrap : USR1\nsrun x\n"
 
 
 def test_a_threshold_alone_meets_the_packaged_band_not_the_directive_default(tmp_path: Path) -> None:

@@ -70,9 +70,16 @@ def test_failed_resume_under_an_extension_keeps_the_unit_at_its_size() -> None:
                                     {"n5": "IDLE+CLOUD+POWERED_DOWN"})
     assert [(f.unit_id, f.extension_job, f.failed, f.slurm_state) for f in failures] == [
         (100, 501, ("n5",), "PENDING")]
-    d = failure_decision(u, failures[0], 30.0)
+    d = failure_decision(u, failures[0], 30.0, cancelled=True, backoff_s=1800, now=NOW)
     assert (d.action, d.reason, d.current_nodes, d.target_nodes) == ("hold", "RESUME_FAILED", 1, 1)
     assert d.inputs["lost_nodes"] == ["n5"] and "within ResumeTimeout 30s" in d.message
+    assert "extension job cancelled by the controller" in d.message and d.inputs["ended_by"] == "controller"
+    assert d.inputs["node_backoff_until"] == (NOW + timedelta(seconds=1800)).isoformat()
+    # Slurm ended it (no requeue: NODE_FAIL): the message says so, not "cancelled"
+    lost = replace(failures[0], slurm_state="NODE_FAIL")
+    d = failure_decision(u, lost, 30.0, cancelled=False)
+    assert "extension job ended by Slurm (NODE_FAIL)" in d.message and "cancelled" not in d.message
+    assert d.inputs["ended_by"] == "slurm"
     assert not find_resume_failures({100: u}, [_rec(501, 100, "n2")], snap, {"n5": "IDLE"})
 
 
@@ -98,6 +105,10 @@ def test_the_shell_cancels_records_once_and_backs_the_node_off() -> None:
     snap = snapshot([u.job, requeued], [node("n1", used=4), _n("n5", "POWERED_DOWN")])
     (d,) = shell.handle(cycle, {100: u}, snap, later, cancel=cancelled.append, resume_timeout_s=30.0)
     assert cancelled == [501] and d.reason == "RESUME_FAILED"
+    # the unit's grows back off from now: 60 s for a first failed grow, the end time in the record
+    until = (later + timedelta(seconds=60)).isoformat()
+    assert d.inputs["grow_backoff_until"] == until and d.inputs["failed_grows"] == 1
+    assert "its grows back off until " + until[:19] + "Z (GROW_BACKOFF, 1 failed grow(s)" in d.message
     assert shell.handle(cycle, {100: u}, snap, later, cancel=cancelled.append, resume_timeout_s=30.0) == []
     clock.advance(31)
     state = shell.state(later, 1800, 30.0)

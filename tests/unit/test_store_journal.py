@@ -216,10 +216,21 @@ def test_counts_and_gpu_totals(store: SqlStore, clock: FakeClock) -> None:
     store.journal.mark_in_progress(f)
     store.journal.mark_failed(f, "no", transient=False)  # failed grows grant nothing
     totals = store.journal.gpu_totals(since)
-    assert (totals.granted, totals.reclaimed) == (8, 6)
-    assert store.journal.gpu_totals(clock.advance(1)).granted == 0
+    assert (totals.granted, totals.reclaimed) == (0, 6)  # submitted, not joined: nothing granted yet
+    unjoined = intent(store, "grow:5:1:1", job_id=5, gpus=4)  # applied, its extension never ran (failed prewarm)
+    store.journal.mark_in_progress(unjoined)
+    store.journal.mark_applied(unjoined, "ok")
+    joined_at = clock.advance(5)
+    store.journal.note_joined(g, joined_at)
+    store.journal.note_joined(g, clock.advance(5))  # once: the first join stands
+    assert store.journal.get(g).params["joined_at"] == joined_at.isoformat()
+    with pytest.raises(IllegalTransitionError):
+        store.journal.note_joined(f, joined_at)  # a failed grow never joins
+    assert store.journal.gpu_totals(since).granted == 8
+    assert store.journal.gpu_totals(joined_at).granted == 8
+    assert store.journal.gpu_totals(clock.advance(1)).granted == 0  # joined before the window
     counts = store.journal.action_counts(since)
-    assert counts == {(ActionKind.GROW, S.APPLIED): 1, (ActionKind.SHRINK, S.APPLIED): 1,
+    assert counts == {(ActionKind.GROW, S.APPLIED): 2, (ActionKind.SHRINK, S.APPLIED): 1,
                       (ActionKind.CANCEL_EXTENSION, S.APPLIED): 1, (ActionKind.GROW, S.FAILED): 1}
     assert [a.id for a in store.journal.list_actions(job_id=1)] == [c, g]
     assert [a.id for a in store.journal.list_actions(states=[S.FAILED])] == [f]

@@ -157,6 +157,28 @@ def test_process_starttime_reads_field_22(tmp_path: Path) -> None:
     assert process_starttime(os.getpid()) > 0
 
 
+def test_a_workload_in_a_time_namespace_records_its_start_as_seen_outside() -> None:
+    """The test cluster's resumed nodes run slurmd (and so their jobs) in a time namespace booted at the resume
+    (docker-slurm/power-resume.sh): inside, /proc/<pid>/stat shows the start 100 s off. The workload records it
+    as the agent outside reads it, so the virtual NVML library keeps counting its utilization."""
+    if subprocess.run(["unshare", "--time", "--boottime", "-100", "true"], capture_output=True,
+                      check=False).returncode != 0:
+        pytest.skip("no time namespaces here (unshare --time needs root and Linux >= 5.6)")
+    code = ("import os, sys; from slurm_elastic.testing.vgpu.statefile import host_starttime, process_starttime; "
+            "print(os.getpid(), process_starttime(os.getpid()), host_starttime(os.getpid()), flush=True); "
+            "sys.stdin.read()")
+    with subprocess.Popen(["unshare", "--time", "--boottime", "-100", sys.executable, "-c", code],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}) as child:
+        assert child.stdout is not None and child.stdin is not None
+        pid, inside, recorded = (int(x) for x in child.stdout.readline().split())
+        outside = process_starttime(pid)  # what the agent reads, while the child still runs
+        child.stdin.close()
+    hz = os.sysconf("SC_CLK_TCK")
+    assert inside == outside - 100 * hz  # the namespace's view: what the workload recorded before
+    assert recorded == outside
+
+
 def test_build_is_idempotent(tmp_path: Path) -> None:
     lib = build_library(tmp_path)
     mtime = lib.stat().st_mtime_ns

@@ -75,6 +75,8 @@ class AccountingJob:
     state: str  # of its last record: COMPLETED, FAILED, TIMEOUT, CANCELLED, ...
     qos: str | None
     running: float  # seconds its records' spans cover (the replay runs it at least 1 s)
+    gpu_seconds: float = 0.0  # GPUs x time at each size it held (:func:`held_gpu_seconds`), for report
+    resized: int = 0  # size changes Slurm recorded (RESIZING records)
 
     @property
     def jct(self) -> float:
@@ -169,7 +171,20 @@ def _merge(path: str, group: list[_Record]) -> AccountingJob | str:
     )
     end = max(r.end for r in ran if r.end is not None)
     return AccountingJob(spec=spec, start=first.start or submit, end=end, state=last.state, qos=last.qos,
-                         running=running)
+                         running=running, gpu_seconds=held_gpu_seconds(ran),
+                         resized=sum(1 for r in group if r.state == "RESIZING"))
+
+
+def held_gpu_seconds(records: list[_Record]) -> float:
+    """GPU-seconds a job held, at the size of each of its records: a resize record keeps the original Start, so
+    each record counts only from where the previous one ended (its resize) to its own end; a requeued job's runs
+    are disjoint and count whole."""
+    total, reached = 0.0, -math.inf
+    for rec in sorted(records, key=lambda r: (r.end or 0.0, r.line)):
+        assert rec.start is not None and rec.end is not None  # started and ended records only
+        total += rec.gpus * max(0.0, rec.end - max(rec.start, reached))
+        reached = max(reached, rec.end)
+    return total
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:

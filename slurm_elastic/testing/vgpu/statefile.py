@@ -25,6 +25,33 @@ from slurm_elastic.testing.vgpu.state import TornStateError, VgpuState, VgpuStat
 STATE_FILE_MODE = 0o666  # workloads of every user edit it (test cluster and demo only)
 
 
+def boottime_offset_ticks(proc_root: str | Path = "/proc") -> int:
+    """This process's time namespace's boottime offset in clock ticks (``/proc/self/timens_offsets``), 0 outside
+    one. The kernel shows a process's start time (``/proc/<pid>/stat`` field 22) shifted by the *reader's*
+    offset: the test cluster's resumed nodes run slurmd, and so their jobs, in a time namespace booted at the
+    resume (docker-slurm/power-resume.sh), where the agent outside would never match what a job read inside."""
+    try:
+        text = Path(proc_root, "self", "timens_offsets").read_text()
+    except OSError:
+        return 0
+    hz = os.sysconf("SC_CLK_TCK")
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] in ("boottime", "7"):  # 7: CLOCK_BOOTTIME's id
+            try:
+                return int(parts[1]) * hz + int(parts[2]) * hz // 1_000_000_000
+            except ValueError:
+                return 0
+    return 0
+
+
+def host_starttime(pid: int, proc_root: str | Path = "/proc") -> int:
+    """:func:`process_starttime` as a reader outside any time namespace sees it (the agent, the virtual NVML
+    library): what a workload records for itself. 0 if gone."""
+    start = process_starttime(pid, proc_root)
+    return start - boottime_offset_ticks(proc_root) if start else 0
+
+
 def process_starttime(pid: int, proc_root: str | Path = "/proc") -> int:
     """Field 22 of ``/proc/<pid>/stat`` (clock ticks since boot): tells a pid's reuse apart. 0 if gone."""
     try:

@@ -31,7 +31,7 @@ from types import FrameType
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.testing.vgpu import STATE_DIR_ENV, STATE_ENV
 from slurm_elastic.testing.vgpu.state import VgpuState, VgpuStateError, with_process, with_utilization, without_pid
-from slurm_elastic.testing.vgpu.statefile import StateFile, process_starttime
+from slurm_elastic.testing.vgpu.statefile import StateFile, host_starttime
 
 POLL_S = 1.0
 
@@ -148,7 +148,7 @@ def run(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None)
     pid = os.getpid()
     util = read_util_file(args.util_file, args.util)
     signals = _Signals()
-    start = process_starttime(pid)
+    start = host_starttime(pid)  # as the agent outside a resumed node's time namespace reads it
     statefile.update(lambda s: with_process(prune_dead(s), pid, gpus, sm_util=util, memory_mib=args.mem_mib,
                                             mem_util=args.mem_util, starttime=start))
     print(f"workload: pid {pid} on {node} GPUs {','.join(map(str, gpus))} at {util}% "
