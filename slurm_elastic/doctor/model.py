@@ -1,0 +1,62 @@
+"""What ``doctor`` finds: one :class:`Finding` per check (or per agent), each OK, WARN or FAIL, with what to
+change and where."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+class Status(enum.IntEnum):
+    """Ordered: the report's worst status decides the exit status (0, 1, 2)."""
+
+    OK = 0
+    WARN = 1
+    FAIL = 2
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str      # stable name, e.g. "select_type", "agent:n1"
+    status: Status
+    detail: str     # what was found, with the values that decided
+    fix: str = ""   # what to change and where ("" when OK)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"check": self.check, "status": self.status.name, "detail": self.detail, "fix": self.fix}
+
+
+def ok(check: str, detail: str) -> Finding:
+    return Finding(check, Status.OK, detail)
+
+
+def warn(check: str, detail: str, fix: str) -> Finding:
+    return Finding(check, Status.WARN, detail, fix)
+
+
+def fail(check: str, detail: str, fix: str) -> Finding:
+    return Finding(check, Status.FAIL, detail, fix)
+
+
+def worst(findings: Iterable[Finding]) -> Status:
+    return max((f.status for f in findings), default=Status.OK)
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config``'s ``Key = value`` lines as a dict (the header line and the sections after a blank
+    line, e.g. cgroup.conf's, keep their own keys; the first occurrence of a key wins). ``(null)`` stays as
+    printed: :func:`value` reads it as unset."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, val = line.partition("=")
+        key = key.strip()
+        if sep and key and " " not in key:
+            out.setdefault(key, val.strip())
+    return out
+
+
+def value(config: Mapping[str, str], key: str) -> str:
+    """The setting, "" when unset (``(null)``, ``none``, ``N/A`` or absent)."""
+    v = config.get(key, "").strip()
+    return "" if v in ("(null)", "none", "None", "N/A") else v
