@@ -4,6 +4,7 @@ change and where."""
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -44,16 +45,28 @@ def worst(findings: Iterable[Finding]) -> Status:
 
 
 def parse_show_config(text: str) -> dict[str, str]:
-    """``scontrol show config``'s ``Key = value`` lines as a dict (the header line and the sections after a blank
-    line, e.g. cgroup.conf's, keep their own keys; the first occurrence of a key wins). ``(null)`` stays as
-    printed: :func:`value` reads it as unset."""
+    """``scontrol show config``'s ``Key = value`` lines as a dict (the first occurrence of a key wins: the sections
+    after it, e.g. cgroup.conf's, keep their own keys). From 23.11 on, a list setting prints one line per entry
+    (``Prolog[0] = /a``, ``Prolog[1] = /b``): they are joined with commas under ``Prolog``, as 22.05 prints them.
+    ``(null)`` stays as printed: :func:`value` reads it as unset."""
     out: dict[str, str] = {}
+    listed: dict[str, list[str]] = {}
     for line in text.splitlines():
         key, sep, val = line.partition("=")
         key = key.strip()
-        if sep and key and " " not in key:
+        if not sep or not key or " " in key:
+            continue
+        m = _INDEXED.match(key)
+        if m:
+            listed.setdefault(m.group(1), []).append(val.strip())
+        else:
             out.setdefault(key, val.strip())
+    for key, values in listed.items():
+        out.setdefault(key, ",".join(values))
     return out
+
+
+_INDEXED = re.compile(r"^(\w+)\[\d+\]$")
 
 
 def value(config: Mapping[str, str], key: str) -> str:
