@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import click
@@ -26,12 +27,20 @@ from slurm_elastic.errors import ConfigError, SlurmElasticError
 from slurm_elastic.store import CURRENT_SCHEMA_VERSION
 
 
+def _shipped(sub: str, in_source: str) -> str:
+    """Where this installation keeps a file it ships beside the package: ``<prefix>/share/slurm-elastic/SUB`` from
+    the wheel (pyproject.toml's data-files), else its place in the source tree."""
+    share = Path(sys.prefix) / "share" / "slurm-elastic" / sub
+    return str(share) if share.exists() else in_source
+
+
 def _controller_config(path: Path) -> tuple[ControllerConfig | None, Finding]:
     try:
         cfg = load_controller_config(path)
     except ConfigError as e:
-        return None, fail("controller_config", str(e), f"install -m 0600 packaging/etc/slurm-elastic/controller.toml "
-                          f"{path} and edit it (docs/deployment.md, section 6)")
+        example = _shipped("etc/controller.toml", "packaging/etc/slurm-elastic/controller.toml")
+        return None, fail("controller_config", str(e), f"install -m 0600 {example} {path} and edit it "
+                          "(docs/deployment.md, section 6)")
     mode = path.stat().st_mode & 0o7777
     if mode & 0o077 and "@" in cfg.db_url and ":" in cfg.db_url.split("@")[0].split("//")[-1]:
         return cfg, warn("controller_config", f"{path} has mode {mode:04o} and holds the DB password",
@@ -85,7 +94,8 @@ def run_doctor(config_path: Path, cmd: probes.Commands) -> list[Finding]:
             sacct_error=cmd.error_of(probes.SACCT_ARGV),
             munge_error=probes.munge_error(os.environ.get("SLURM_ELASTIC_MUNGE_SOCKET",
                                                           "/run/munge/munge.socket.2"))
-            if value(config, "AuthType") == "auth/munge" else None)
+            if value(config, "AuthType") == "auth/munge" else None,
+            plugins_dir=_shipped("plugins", "plugins"))
     cfg, finding = _controller_config(config_path)
     findings.append(finding)
     if cfg is None:

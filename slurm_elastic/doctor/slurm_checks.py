@@ -54,32 +54,35 @@ def proctrack(config: Mapping[str, str]) -> Finding:
     return ok("proctrack", f"ProctrackType=proctrack/cgroup, TaskPlugin={','.join(tasks)}")
 
 
-def job_submit(config: Mapping[str, str], lua_path: str, lua_text: str | None, package_version: str) -> Finding:
-    """``lua_text``: job_submit.lua beside slurm.conf (``lua_path``), None when that file is missing."""
+def job_submit(config: Mapping[str, str], lua_path: str, lua_text: str | None, package_version: str,
+               plugins_dir: str = "plugins") -> Finding:
+    """``lua_text``: job_submit.lua beside slurm.conf (``lua_path``), None when that file is missing;
+    ``plugins_dir``: where this package's copy is (``<prefix>/share/slurm-elastic/plugins`` when installed)."""
+    ours = f"{plugins_dir}/job_submit.lua"
     plugins = _plugins(config, "JobSubmitPlugins")
     if not any(p in ("lua", "job_submit/lua") for p in plugins):
         return warn("job_submit", f"JobSubmitPlugins={','.join(plugins) or '(unset)'}: #ELASTIC directives are "
                     "checked only when the controller reads the job, not at sbatch time",
-                    f"copy plugins/job_submit.lua to {lua_path}; slurm.conf: JobSubmitPlugins=lua; "
+                    f"copy {ours} to {lua_path}; slurm.conf: JobSubmitPlugins=lua; "
                     "scontrol reconfigure")
     if lua_text is None:
         return fail("job_submit", f"JobSubmitPlugins=lua but {lua_path} is missing",
-                    f"copy plugins/job_submit.lua to {lua_path} (mode 0644); scontrol reconfigure")
+                    f"copy {ours} to {lua_path} (mode 0644); scontrol reconfigure")
     if "ELASTIC" not in lua_text:
         return warn("job_submit", f"{lua_path} is not slurm-elastic's (no #ELASTIC handling)",
-                    f"merge plugins/job_submit.lua into {lua_path}; scontrol reconfigure")
+                    f"merge {ours} into {lua_path}; scontrol reconfigure")
     m = LUA_VERSION_RE.search(lua_text)
     found = m.group(1) if m else None
     if found != package_version:
         return warn("job_submit", f"{lua_path} is version {found or '(older, unversioned)'}, this package "
                     f"{package_version}: its directive checks may differ from `slurm-elastic check`'s",
-                    f"copy this release's plugins/job_submit.lua to {lua_path}; scontrol reconfigure")
+                    f"copy this release's {ours} to {lua_path}; scontrol reconfigure")
     return ok("job_submit", f"JobSubmitPlugins=lua, {lua_path} version {found}")
 
 
-def hook(config: Mapping[str, str], key: str, files: list[HookFile]) -> Finding:
+def hook(config: Mapping[str, str], key: str, files: list[HookFile], plugins_dir: str = "plugins") -> Finding:
     """``key``: Prolog or Epilog; ``files``: what its paths are on this host."""
-    check, script = key.lower(), f"plugins/{key.lower()}.sh"
+    check, script = key.lower(), f"{plugins_dir}/{key.lower()}.sh"
     setting = value(config, key)
     if not setting:
         return warn(check, f"{key} unset: the agent cannot tell which job holds an idle GPU (it reports it "
@@ -144,8 +147,9 @@ def slurm_auth(config: Mapping[str, str], munge_error: str | None) -> Finding:
 
 def slurm_checks(config: Mapping[str, str], *, lua_path: str, lua_text: str | None, package_version: str,
                  prolog: list[HookFile], epilog: list[HookFile], sacct_error: str | None,
-                 munge_error: str | None) -> list[Finding]:
+                 munge_error: str | None, plugins_dir: str = "plugins") -> list[Finding]:
     return [select_type(config), proctrack(config),
-            job_submit(config, lua_path, lua_text, package_version),
-            hook(config, "Prolog", prolog), hook(config, "Epilog", epilog), power_saving(config),
+            job_submit(config, lua_path, lua_text, package_version, plugins_dir),
+            hook(config, "Prolog", prolog, plugins_dir), hook(config, "Epilog", epilog, plugins_dir),
+            power_saving(config),
             accounting(config, sacct_error), slurm_auth(config, munge_error)]

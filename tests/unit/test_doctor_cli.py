@@ -97,8 +97,9 @@ def test_cli_parsable_json_and_exit_status(tmp_path: Path) -> None:
 def test_cli_without_a_controller_config_fails_with_the_install_line(tmp_path: Path) -> None:
     rc, out = _run(["-c", str(tmp_path / "none.toml"), "-P", "-n"], RecordedRunner("22.05"))
     row = next(line.split("|") for line in out.splitlines() if line.startswith("controller_config|"))
-    assert rc == 2 and row[1] == "FAIL" and "install -m 0600 packaging/etc/slurm-elastic/controller.toml" in row[3]
+    assert rc == 2 and row[1] == "FAIL" and row[3].startswith("install -m 0600 ")
     assert not out.startswith("check|")
+    assert "controller.toml" in row[3]
 
 
 def test_cli_warns_about_a_readable_config_with_a_db_password(tmp_path: Path) -> None:
