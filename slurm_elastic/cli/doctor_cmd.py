@@ -48,7 +48,7 @@ def _controller_config(path: Path) -> tuple[ControllerConfig | None, Finding]:
     return cfg, ok("controller_config", f"{path} (mode {mode:04o})")
 
 
-def _agent_findings(cfg: ControllerConfig, cmd: probes.Commands, source: str) -> list[Finding]:
+def _agent_findings(cfg: ControllerConfig, cmd: probes.ProbeCommands, source: str) -> list[Finding]:
     from slurm_elastic.agent.client import client_auth
     from slurm_elastic.slurm.adapter import SlurmCli
     from slurm_elastic.slurm.runner import RetryPolicy, SlurmCommands
@@ -76,7 +76,7 @@ def _agent_findings(cfg: ControllerConfig, cmd: probes.Commands, source: str) ->
             clock(results)]
 
 
-def run_doctor(config_path: Path, cmd: probes.Commands) -> list[Finding]:
+def run_doctor(config_path: Path, cmd: probes.ProbeCommands) -> list[Finding]:
     findings: list[Finding] = []
     rc, out, err = cmd.run(["scontrol", "show", "config"])
     if rc != 0:
@@ -116,8 +116,8 @@ def doctor_cmd(ctx: click.Context, config_path: Path, parsable: bool, as_json: b
     """Check Slurm and slurm-elastic's setup: each check OK, WARN or FAIL, with what to change and where.
 
     Exit status: 0 all OK, 1 warnings only, 2 a failure."""
-    # The Slurm commands' runner: recorded replies in the unit tests (CliRunner.invoke(..., obj=Commands(...))).
-    cmd = ctx.obj if isinstance(ctx.obj, probes.Commands) else probes.Commands()
+    # The Slurm commands' runner: recorded replies in the unit tests (CliRunner.invoke(..., obj=ProbeCommands(...))).
+    cmd = ctx.obj if isinstance(ctx.obj, probes.ProbeCommands) else probes.ProbeCommands()
     findings = run_doctor(config_path, cmd)
     emit(["check", "status", "detail", "fix"], [(f.check, f.status.name, f.detail, f.fix) for f in findings],
          parsable=parsable, as_json=as_json, noheader=noheader, json_rows=[f.to_dict() for f in findings])

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 
-class Status(enum.IntEnum):
+class Verdict(enum.IntEnum):
     """Ordered: the report's worst status decides the exit status (0, 1, 2)."""
 
     OK = 0
@@ -20,7 +20,7 @@ class Status(enum.IntEnum):
 @dataclass(frozen=True)
 class Finding:
     check: str      # stable name, e.g. "select_type", "agent:n1"
-    status: Status
+    status: Verdict
     detail: str     # what was found, with the values that decided
     fix: str = ""   # what to change and where ("" when OK)
 
@@ -29,19 +29,19 @@ class Finding:
 
 
 def ok(check: str, detail: str) -> Finding:
-    return Finding(check, Status.OK, detail)
+    return Finding(check, Verdict.OK, detail)
 
 
 def warn(check: str, detail: str, fix: str) -> Finding:
-    return Finding(check, Status.WARN, detail, fix)
+    return Finding(check, Verdict.WARN, detail, fix)
 
 
 def fail(check: str, detail: str, fix: str) -> Finding:
-    return Finding(check, Status.FAIL, detail, fix)
+    return Finding(check, Verdict.FAIL, detail, fix)
 
 
-def worst(findings: Iterable[Finding]) -> Status:
-    return max((f.status for f in findings), default=Status.OK)
+def worst(findings: Iterable[Finding]) -> Verdict:
+    return max((f.status for f in findings), default=Verdict.OK)
 
 
 def parse_show_config(text: str) -> dict[str, str]:

@@ -33,7 +33,7 @@ TIMEOUT_S = 20.0
 SACCT_ARGV = ("sacct", "-n", "-X", "-P", "-o", "JobID", "-S", "now-60")
 
 
-class Commands:
+class ProbeCommands:
     """Slurm's client commands through a :class:`CommandRunner` (recorded replies in the unit tests)."""
 
     def __init__(self, runner: CommandRunner = subprocess_runner, env: Mapping[str, str] | None = None) -> None:
@@ -93,7 +93,7 @@ def munge_error(socket: str) -> str | None:
     return None
 
 
-def identity(cmd: Commands) -> Identity:
+def identity(cmd: ProbeCommands) -> Identity:
     uid = os.geteuid()
     try:
         user = pwd.getpwuid(uid).pw_name

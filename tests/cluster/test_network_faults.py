@@ -452,7 +452,7 @@ def _jobs(cluster: TestCluster) -> list[dict[str, object]]:
 # --- doctor ---------------------------------------------------------------------------------------------------------
 def test_doctor_finds_the_agent_it_cannot_reach(net: NetnsAgents, net_cluster: TestCluster, tmp_path: Path) -> None:
     """`slurm-elastic doctor` in the controller's namespace, with the agents' URLs from Slurm's NodeAddr: x2's agent
-    port blocked is FAIL with its fix, the other agents OK (issue 30, item 2)."""
+    port blocked is FAIL with its fix, the other agents OK."""
     cfg = tmp_path / "controller.toml"
     cfg.write_text(f'version = 1\n[store]\nurl = "sqlite:///{tmp_path / "state.db"}"\n[api]\nslurm_user = "root"\n'
                    f'[agents]\nkey_file = "{net.key_file}"\nurl_template = "http://{{address}}:{AGENT_PORT}"\n'

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from slurm_elastic.cli import main
 from slurm_elastic.doctor import probes
-from slurm_elastic.doctor.model import Status
+from slurm_elastic.doctor.model import Verdict
 from slurm_elastic.doctor.site_checks import database
 from slurm_elastic.store import CURRENT_SCHEMA_VERSION, SqlStore
 from tests.unit.doctor_replies import NO_DBD, RecordedRunner
@@ -30,7 +30,7 @@ def test_database_probe_reads_the_schema_and_writes_nothing(tmp_path: Path) -> N
     before = (tmp_path / "state.db").read_bytes()
     facts = probes.database(url)
     assert facts.version == CURRENT_SCHEMA_VERSION and facts.error is None and facts.write_error is None
-    assert database(facts, CURRENT_SCHEMA_VERSION).status is Status.OK
+    assert database(facts, CURRENT_SCHEMA_VERSION).status is Verdict.OK
     with sqlite3.connect(tmp_path / "state.db") as db:
         assert db.execute("SELECT version FROM schema_version").fetchone() == (CURRENT_SCHEMA_VERSION,)
     assert (tmp_path / "state.db").read_bytes() == before
@@ -42,7 +42,7 @@ def test_database_probe_finds_a_read_only_db(tmp_path: Path) -> None:
     facts = probes.database(f"sqlite:///file:{path}?mode=ro&uri=true")
     assert facts.version == CURRENT_SCHEMA_VERSION
     assert facts.write_error is not None and "readonly" in facts.write_error
-    assert database(facts, CURRENT_SCHEMA_VERSION).status is Status.FAIL
+    assert database(facts, CURRENT_SCHEMA_VERSION).status is Verdict.FAIL
 
 
 def test_database_probe_finds_an_old_schema_and_a_missing_directory(tmp_path: Path) -> None:
@@ -51,14 +51,14 @@ def test_database_probe_finds_an_old_schema_and_a_missing_directory(tmp_path: Pa
     with sqlite3.connect(path) as db:
         db.execute("UPDATE schema_version SET version = ?", (CURRENT_SCHEMA_VERSION - 1,))
     f = database(probes.database(f"sqlite:///{path}"), CURRENT_SCHEMA_VERSION)
-    assert f.status is Status.FAIL and "db upgrade" in f.fix
+    assert f.status is Verdict.FAIL and "db upgrade" in f.fix
     missing = tmp_path / "nodir" / "state.db"
     f = database(probes.database(f"sqlite:///{missing}"), CURRENT_SCHEMA_VERSION)
-    assert f.status is Status.FAIL and f"directory {missing.parent} does not exist" in f.detail
+    assert f.status is Verdict.FAIL and f"directory {missing.parent} does not exist" in f.detail
     assert not missing.parent.exists()  # the probe creates nothing
     fresh = tmp_path / "fresh.db"
     f = database(probes.database(f"sqlite:///{fresh}"), CURRENT_SCHEMA_VERSION)
-    assert f.status is Status.WARN and not fresh.exists()
+    assert f.status is Verdict.WARN and not fresh.exists()
 
 
 def _config(tmp_path: Path, db_url: str, *, mode: int = 0o600) -> Path:
@@ -70,7 +70,7 @@ def _config(tmp_path: Path, db_url: str, *, mode: int = 0o600) -> Path:
 
 
 def _run(args: list[str], runner: RecordedRunner) -> tuple[int, str]:
-    result = CliRunner().invoke(main, ["doctor", *args], obj=probes.Commands(runner))
+    result = CliRunner().invoke(main, ["doctor", *args], obj=probes.ProbeCommands(runner))
     return result.exit_code, result.output
 
 
@@ -85,7 +85,7 @@ def test_cli_parsable_json_and_exit_status(tmp_path: Path) -> None:
     assert {"slurm_config", "select_type", "proctrack", "job_submit", "prolog", "epilog", "power_saving",
             "accounting", "munge", "controller_config", "operator", "database", "agents"} <= set(rows)
     assert rows["database"][1] == "OK" and rows["select_type"][1] == "OK"
-    assert rc == max(Status[r[1]] for r in rows.values())
+    assert rc == max(Verdict[r[1]] for r in rows.values())
     # sacct failing (recorded against a closed accounting port): FAIL, exit status 2, in JSON too.
     broken = RecordedRunner("22.05", {probes.SACCT_ARGV: NO_DBD})
     rc, out = _run(["-c", str(cfg), "--json"], broken)
