@@ -325,6 +325,7 @@ start_slurm() {
 }
 
 cmd_start() {
+  close_inherited_fds  # a caller's `flock LOCK cluster.sh start <release>` must not live on in the daemons
   local t0=$SECONDS
   [ -f "$SOURCE_ROOT/etc/slurm.conf" ] ||
     die "needs the 22.05 cluster's configuration in $SOURCE_ROOT/etc: run docker-slurm/cluster.sh start once"

@@ -26,7 +26,12 @@ What it does (docs/directives.md has the details):
 Portable Lua 5.1 .. 5.4: no goto, no integer division, no "\x" escapes, no bit operators.
 --]]
 
+-- The slurm-elastic release this file belongs to: `slurm-elastic doctor` compares it with the installed package
+-- (tests/unit/test_doctor_checks.py keeps it equal to pyproject.toml's version).
+local SLURM_ELASTIC_VERSION = "0.1.0"
+
 local M = {}
+M.version = SLURM_ELASTIC_VERSION
 
 M.FORMAT_TAG = "elastic:v1"
 M.MAX_LINE_BYTES = 1024

@@ -27,6 +27,7 @@ lane3_files=(
   tests/cluster/test_time_limit_cluster.py tests/cluster/test_goodput_cluster.py
   tests/cluster/test_reliability_hostile.py tests/cluster/test_operating_cli.py
   tests/cluster/test_controller_failover.py tests/cluster/test_moldable_start_cluster.py
+  tests/cluster/test_doctor_cluster.py
 )
 # With two lanes: lane 2 ~1,290 s, lane 1 ~1,280 s (the two-lane CI runs of 2026-12-02).
 lane3_two_lanes=(

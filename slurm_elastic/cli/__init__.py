@@ -33,6 +33,7 @@ _VERBS: dict[str, tuple[str, str]] = {
     "resume": ("slurm_elastic.cli.policy_cmd", "resume_cmd"),
     "report": ("slurm_elastic.cli.report_cmd", "report_cmd"),
     "whatif": ("slurm_elastic.cli.whatif_cmd", "whatif_cmd"),
+    "doctor": ("slurm_elastic.cli.doctor_cmd", "doctor_cmd"),
 }
 # Modules that add subcommands to a verb's group when imported.
 _EXTENDS: dict[str, tuple[str, ...]] = {"mig": ("slurm_elastic.cli.mig_workflow_cmd",)}  # plan/apply/suggest

@@ -112,8 +112,11 @@ def cancel_jobs(slurm: JobCanceller, jobs: Sequence[int]) -> None:
 
 
 class Demo:
-    def __init__(self, root: Path, duration: float) -> None:
+    def __init__(self, root: Path, duration: float, command: Sequence[str] = ()) -> None:
         self.root = root
+        # How agents and controller start: this interpreter's slurm_elastic, or an installed console script
+        # (`--command`, scripts/test-wheel: the wheel in a clean venv).
+        self.command = list(command) or [sys.executable, "-m", "slurm_elastic.cli"]
         self.dir = root / "demo"
         self.duration = duration
         self.env = {**os.environ, "SLURM_CONF": str(root / "etc" / "slurm.conf")}
@@ -135,7 +138,7 @@ class Demo:
             env = {**self.env, "LD_LIBRARY_PATH": str(lib.parent), "SLURM_ELASTIC_VGPU_STATE": str(state)}
             log = open(self.dir / f"agent-{node}.log", "ab")  # noqa: SIM115 - owned by the child for its life
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "slurm_elastic.cli", "agent", "--node", node, "--listen", "127.0.0.1",
+                [*self.command, "agent", "--node", node, "--listen", "127.0.0.1",
                  "--port", str(port), "--key-file", str(key), "--gpu-map-dir", str(self.root / "gpu-map"),
                  "--interval", "2", "--window", "10", "--metrics-port", str(port + 100)],  # one /metrics port each
                 env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -167,7 +170,7 @@ PATH = "{ext_path}"
 SLURM_CONF = "{self.env['SLURM_CONF']}"
 """)
         log = open(self.dir / "controller.log", "ab")  # noqa: SIM115
-        self.procs.append(subprocess.Popen([sys.executable, "-m", "slurm_elastic.cli", "controller", "-c", str(cfg)],
+        self.procs.append(subprocess.Popen([*self.command, "controller", "-c", str(cfg)],
                                            env=self.env, stdout=log, stderr=subprocess.STDOUT))
         return db
 
@@ -350,6 +353,8 @@ def main() -> int:
     ap.add_argument("--cluster-dir", type=Path,
                     default=Path(os.environ.get("SLURM_ELASTIC_CLUSTER_DIR", "/var/tmp/slurm-elastic-cluster")))
     ap.add_argument("--duration", type=float, default=300)
+    ap.add_argument("--command", default="", help="the slurm-elastic command that runs the agents and the controller "
+                    "(default: this interpreter's slurm_elastic), e.g. an installed console script")
     ap.add_argument("--serving", action="store_true",
                     help="a service scaling with a daily load curve next to a training job (docs/serving.md)")
     ap.add_argument("--try", dest="trial", choices=["minimal", "torchrun", "dlrm"],
@@ -364,11 +369,14 @@ def main() -> int:
                    args.duration if "--duration" in sys.argv else 3600)
     if args.serving:
         return run_serving(args)
-    demo = Demo(args.cluster_dir, args.duration)
+    demo = Demo(args.cluster_dir, args.duration, [args.command] if args.command else ())
     shutil.rmtree(demo.dir, ignore_errors=True)
     demo.dir.mkdir(parents=True)
     try:
-        db = demo.start_controller(demo.start_agents())
+        # A release cluster's (24.11, 26.05) client commands are in its bin/: extension jobs submit with them.
+        release_bin = args.cluster_dir / "bin"
+        ext_path = f"{release_bin}:" * release_bin.is_dir() + "/usr/local/bin:/usr/bin:/bin"
+        db = demo.start_controller(demo.start_agents(), ext_path=ext_path)
         idle = demo.submit("bob", 10, 3, "idle")
         busy = demo.submit("alice", 95, 1, "busy")
         print(f"bob's job {idle}: 3 nodes at 10% GPU; alice's job {busy}: 1 node at 95% GPU (4 nodes in all)")

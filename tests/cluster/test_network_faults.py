@@ -19,8 +19,11 @@ It uses its own cluster instance, so it takes its own lock, not the shared clust
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -444,3 +447,23 @@ def _jobs(cluster: TestCluster) -> list[dict[str, object]]:
     jobs = cluster.squeue_json()["jobs"]
     assert isinstance(jobs, list)
     return jobs
+
+
+# --- doctor ---------------------------------------------------------------------------------------------------------
+def test_doctor_finds_the_agent_it_cannot_reach(net: NetnsAgents, net_cluster: TestCluster, tmp_path: Path) -> None:
+    """`slurm-elastic doctor` in the controller's namespace, with the agents' URLs from Slurm's NodeAddr: x2's agent
+    port blocked is FAIL with its fix, the other agents OK."""
+    cfg = tmp_path / "controller.toml"
+    cfg.write_text(f'version = 1\n[store]\nurl = "sqlite:///{tmp_path / "state.db"}"\n[api]\nslurm_user = "root"\n'
+                   f'[agents]\nkey_file = "{net.key_file}"\nurl_template = "http://{{address}}:{AGENT_PORT}"\n'
+                   "timeout_s = 2.0\n")
+    cfg.chmod(0o600)
+    netns("block", "x2", str(AGENT_PORT))
+    cp = subprocess.run([*in_ns("ctl"), sys.executable, "-m", "slurm_elastic.cli", "doctor", "-c", str(cfg), "--json"],
+                        env=net_cluster.env, capture_output=True, text=True, timeout=120, check=False)
+    rows = {r["check"]: r for r in json.loads(cp.stdout or "[]")}
+    assert cp.returncode == 2, cp.stderr
+    assert rows["agent:x2"]["status"] == "FAIL" and "no answer within 2 s" in rows["agent:x2"]["detail"]
+    assert "systemctl start slurm-elastic-agent on x2" in rows["agent:x2"]["fix"]
+    assert {rows[f"agent:{n}"]["status"] for n in ("x1", "x3", "x4")} == {"OK"}
+    assert rows["clock"]["status"] == "OK"
