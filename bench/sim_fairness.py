@@ -3,7 +3,9 @@ rule walk (the packaged defaults), on the Pollux workloads, 16 x 4 GPUs, both ba
 
 Every ratio is against the rigid run of the same trace and seeded models, measured in this run. Per job: elastic
 JCT / rigid JCT with both floored at 10 minutes (sim/metrics.py ``slowdown``): the share of jobs later than rigid,
-later by > 1.25x and > 2x, and the worst. Prints Markdown (docs/performance.md, "Fairness").
+later by > 1.25x and > 2x, and the worst; and the time-weighted mean of GPUs stranded on partly used nodes
+(sim/metrics.py ``stranded_gpus``) in the rigid run and the elastic one.
+Prints Markdown (docs/performance.md, "Fairness").
 
     .venv/bin/python bench/sim_fairness.py [--sets workloads,workloads-0.5,workloads-1.5] [--workloads 1-8]
         [--schedulers greedy,backfill] [--set KEY=VALUE ...]   (extra policy keys for the allocator column)
@@ -42,7 +44,8 @@ def _workloads(text: str) -> list[int]:
 
 def _row(label: str, b: Any, e: Any, sd: Any) -> str:
     return (f"| {label} | {e.avg_jct / b.avg_jct:.2f}x | {e.p99_jct / b.p99_jct:.2f}x | {sd.later:.1%} "
-            f"| {sd.later_125:.1%} | {sd.later_2:.1%} | {sd.worst:.2f}x |")
+            f"| {sd.later_125:.1%} | {sd.later_2:.1%} | {sd.worst:.2f}x | {b.stranded_gpus:.2f} "
+            f"| {e.stranded_gpus:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,8 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     for sched in args.schedulers.split(","):
         print(f"\n### {sched} base: elastic / rigid, per job against rigid (10-minute floor)\n")
-        print("| workload, policy | avg JCT | p99 JCT | later | > 1.25x | > 2x | worst |")
-        print("|---|---|---|---|---|---|---|")
+        print("| workload, policy | avg JCT | p99 JCT | later | > 1.25x | > 2x | worst | stranded GPUs rigid "
+              "| elastic |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for wset in args.sets.split(","):
             for n in _workloads(args.workloads):
                 workload = load_workload(str(traces_dir() / "pollux" / wset / f"workload-{n}.csv"), "pollux")

@@ -45,6 +45,8 @@ _ROWS: tuple[tuple[str, str, str], ...] = (
     ("effective_gpu_util", "GPU util, effective", "{:.1%}"),
     ("starvation", "starved jobs", "{:.0f}"),
     ("resizes", "resizes per job", "{:.2f}"),
+    ("partial_free_gpus", "GPUs free, part nodes", "{:.2f}"),
+    ("stranded_gpus", "GPUs stranded", "{:.2f}"),
 )
 
 

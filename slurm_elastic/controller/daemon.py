@@ -143,7 +143,7 @@ def build_controller(cfg: ControllerConfig) -> Controller:
     policy, source = load_policy(cfg, store, from_file)
     log.info("policy from %s; dry_run=%s; interval %.1fs", source, cfg.dry_run, cfg.interval_s)
 
-    slurm = SlurmCli()
+    slurm = SlurmCli(topology=True)  # grows prefer the job's leaf switch (policy/topology.py)
     actuator = Actuator(slurm, store, cfg.extension_env, fault=_fault_hook_from_env(),
                         extension_qos=cfg.extension_qos)
     return Controller(cfg, policy, slurm=slurm, store=store, collector=collector, actuator=actuator,

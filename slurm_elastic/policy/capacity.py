@@ -224,34 +224,43 @@ class NodePool:
         status: Status,
         reserve: Mapping[str, int] | None = None,
         holder: int | None = None,
+        prefer: Mapping[str, int] | None = None,
     ) -> list[str]:
         """Mark up to ``count`` FREE nodes that fit ``need`` as ``status``; best fit, then name order.
 
         With ``reserve`` (partition -> nodes to keep free), a node is skipped when taking it would leave fewer
-        FREE nodes than that in any of its partitions.
+        FREE nodes than that in any of its partitions. With ``prefer`` (node -> rank), nodes of a higher rank go
+        first (a node not in it ranks 0); within a rank, best fit then name order.
         """
         taken: list[str] = []
-        for part in partitions:
-            for cls in self._order.get(part, ()):
-                if len(taken) >= count:
-                    return taken
-                if not self._fits(cls.free, need) or self._counts.get((part, cls.free, Status.FREE), 0) == 0:
-                    continue
-                names = cls.names
-                while cls.start < len(names) and self.status[names[cls.start]] is not Status.FREE:
-                    cls.start += 1
-                i = cls.start
-                while i < len(names) and len(taken) < count:
-                    name = names[i]
-                    i += 1
-                    if self.status[name] is not Status.FREE:
-                        continue
-                    if reserve and any(
-                        self._free_in_part.get(p, 0) - 1 < reserve.get(p, 0) for p in self.partitions_of[name]
-                    ):
-                        continue
-                    self._set(name, status)
-                    if holder is not None:
-                        self.reserved_by[name] = holder
-                    taken.append(name)
+        rank_of = dict(prefer or {})
+        for rank in sorted({0, *rank_of.values()}, reverse=True):
+            only = (lambda n, r=rank: rank_of.get(n, 0) == r) if rank_of else None
+            for part in partitions:
+                self._take_from(part, need, count, taken, status=status, reserve=reserve, holder=holder, only=only)
         return taken
+
+    def _take_from(self, part: str, need: Need, count: int, taken: list[str], *, status: Status,
+                   reserve: Mapping[str, int] | None, holder: int | None, only: Callable[[str], bool] | None) -> None:
+        for cls in self._order.get(part, ()):
+            if len(taken) >= count:
+                return
+            if not self._fits(cls.free, need) or self._counts.get((part, cls.free, Status.FREE), 0) == 0:
+                continue
+            names = cls.names
+            while cls.start < len(names) and self.status[names[cls.start]] is not Status.FREE:
+                cls.start += 1
+            i = cls.start
+            while i < len(names) and len(taken) < count:
+                name = names[i]
+                i += 1
+                if self.status[name] is not Status.FREE or (only is not None and not only(name)):
+                    continue
+                if reserve and any(
+                    self._free_in_part.get(p, 0) - 1 < reserve.get(p, 0) for p in self.partitions_of[name]
+                ):
+                    continue
+                self._set(name, status)
+                if holder is not None:
+                    self.reserved_by[name] = holder
+                taken.append(name)

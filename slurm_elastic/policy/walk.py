@@ -45,6 +45,7 @@ from slurm_elastic.policy.gpulimits import GpuLimitTracker
 from slurm_elastic.policy.model import AdmitBasis, PolicyInput, ResizeRecord, admit_request
 from slurm_elastic.policy.reasons import Action, Reason
 from slurm_elastic.policy.signals import restart_gain_s
+from slurm_elastic.policy.topology import grow_preference
 from slurm_elastic.policy.work import NO_ACCOUNT, Context, UnitWork
 from slurm_elastic.slurm.model import Job, Node
 
@@ -713,7 +714,8 @@ class Walk:
                 want = left
                 limits.append(f"account {account} fair share")
         reserve = self.reserves if any(self.reserves.values()) else None
-        got = pool.take([part], w.need, want, status=Status.GRANTED, reserve=reserve) if fitting else []
+        prefer = grow_preference(w.unit, self.inp.snapshot.leaf_switch)  # its own leaf switch first (topology)
+        got = pool.take([part], w.need, want, status=Status.GRANTED, reserve=reserve, prefer=prefer) if fitting else []
         if not got and cold_fit:
             # Powered-on free nodes first; only a grow that got none of them resumes nodes, so that one extension
             # job never keeps powered-on nodes waiting for a boot.

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Literal
 
+from slurm_elastic.policy.fragmentation import stranded_free
 from slurm_elastic.policy.moldable import CountedFree, MoldCandidate, plan_molds
 from slurm_elastic.sim.cluster import Allocation, Cluster
 from slurm_elastic.sim.config import SimConfig
@@ -103,6 +104,8 @@ class SimResult:
     resizes: tuple[ResizeOutcome, ...]
     unfinished: tuple[str, ...]  # job ids that never completed (must be empty)
     power: PowerReport | None = None  # powered node-seconds and resumes, with SimConfig.power
+    #: (time, free GPUs on partly used nodes, those no waiting job could use) at each change (policy/fragmentation)
+    stranded: tuple[tuple[float, int, int], ...] = ()
 
 
 @dataclass
@@ -203,6 +206,7 @@ class Simulation:
         self._usage: list[UsageInterval] = []
         self._queue: list[tuple[float, int]] = []
         self._outcomes: list[ResizeOutcome] = []
+        self._stranded: list[tuple[float, int, int]] = []
         ordered = sorted(enumerate(jobs), key=lambda item: (item[1].submit_time, item[0]))
         for index, (_, spec) in enumerate(ordered):
             if spec.job_id in self._by_id:
@@ -275,8 +279,23 @@ class Simulation:
             elif time == self._next_cycle:  # otherwise superseded by an earlier cycle
                 self._next_cycle = None
                 self._cycle()
+            self._sample_stranded()
             self._arm_cycle()
         return self._result()
+
+    def _sample_stranded(self) -> None:
+        """Record the fragmentation figure when it changed. A waiting job of ``g`` GPUs could use a partly used
+        node with at least its smallest per-node piece free: ``g`` when it fits one node, else its remainder
+        after whole nodes (``g % G``, or ``G`` when it divides evenly)."""
+        g = self.cluster.gpus_per_node
+        need = min((j.spec.num_gpus % g or g for j in self._pending), default=None)
+        partial, stranded = stranded_free(self.cluster.free, g, need)
+        last = self._stranded[-1] if self._stranded else None
+        if last is None or last[1:] != (partial, stranded):
+            if last is not None and last[0] == self.now:
+                self._stranded[-1] = (self.now, partial, stranded)
+            else:
+                self._stranded.append((self.now, partial, stranded))
 
     def _arm_cycle(self) -> None:
         """Make sure a cycle is queued for the earliest time one could change something.
@@ -623,6 +642,7 @@ class Simulation:
             jobs=tuple(records),
             usage=tuple(self._usage),
             queue_length=tuple(self._queue),
+            stranded=tuple(self._stranded),
             resizes=tuple(self._outcomes),
             unfinished=tuple(unfinished),
             # the last job's end: the engine's clock may run on past it (a cycle armed before the queue emptied)

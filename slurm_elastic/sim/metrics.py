@@ -11,6 +11,9 @@
   while a job restarts) / (cluster GPUs x makespan).
 * ``starvation`` = jobs whose wait exceeded ``starvation_threshold`` seconds (default 4 hours).
 * ``resizes`` = applied resizes per job (mean).
+* ``partial_free_gpus`` / ``stranded_gpus`` = time-weighted means over the makespan window of the free GPUs on
+  partly used nodes and of those no waiting job could use (:mod:`slurm_elastic.policy.fragmentation`; the
+  engine's samples, :attr:`SimResult.stranded`).
 
 :func:`job_stats` (JCT and wait distributions, starvation) and :func:`weighted_mean_var` are the formulas
 :func:`summarize` uses; ``slurm-elastic report`` and ``whatif`` apply the same ones to the jobs Slurm's
@@ -41,6 +44,8 @@ class Metrics:
     starvation: int
     resizes: float
     jobs: int
+    partial_free_gpus: float = 0.0
+    stranded_gpus: float = 0.0
 
     def as_dict(self, digits: int = 3) -> dict[str, float | int]:
         return {k: (round(v, digits) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -100,6 +105,21 @@ def weighted_mean_var(values: Sequence[float], weights: Sequence[float] | None =
     return mean, sum(k * (x - mean) ** 2 for x, k in zip(values, w, strict=True)) / total
 
 
+def time_weighted(samples: Sequence[tuple[float, ...]], column: int, start: float, end: float) -> float:
+    """Mean over [start, end] of a step function given as (time, value...) samples at each change (the value
+    before the first sample is 0)."""
+    if end <= start:
+        return 0.0
+    total = 0.0
+    value, at = 0.0, start
+    for sample in samples:
+        t = min(max(sample[0], start), end)
+        total += value * (t - at)
+        value, at = float(sample[column]), t
+    total += value * (end - at)
+    return total / (end - start)
+
+
 def summarize(result: SimResult, starvation_threshold: float = DEFAULT_STARVATION_THRESHOLD) -> Metrics:
     jobs = result.jobs
     if not jobs:
@@ -123,6 +143,8 @@ def summarize(result: SimResult, starvation_threshold: float = DEFAULT_STARVATIO
         starvation=stats.starved,
         resizes=sum(j.resizes for j in jobs) / len(jobs),
         jobs=len(jobs),
+        partial_free_gpus=time_weighted(result.stranded, 1, first, last),
+        stranded_gpus=time_weighted(result.stranded, 2, first, last),
     )
 
 

@@ -48,6 +48,7 @@ from slurm_elastic.slurm.model import ClusterSnapshot, Job, Node, Partition
 from slurm_elastic.slurm.openapi import ReplyMeta, gc_paused
 from slurm_elastic.slurm.runner import SlurmCommands
 from slurm_elastic.slurm.scontrol_text import parse_partitions
+from slurm_elastic.slurm.topology import parse_leaf_switches
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -117,8 +118,15 @@ def _check_value(name: str, value: str) -> str:
 class SlurmCli:
     """:class:`SlurmControl` over Slurm's command-line tools."""
 
-    def __init__(self, commands: SlurmCommands | None = None) -> None:
+    #: How long a topology read is reused: topology.conf changes only with a ``scontrol reconfigure``.
+    TOPOLOGY_TTL = timedelta(minutes=5)
+
+    def __init__(self, commands: SlurmCommands | None = None, *, topology: bool = False) -> None:
+        """``topology``: snapshots carry each node's leaf switch (``scontrol show topology``, re-read every
+        :attr:`TOPOLOGY_TTL`); off, no snapshot asks Slurm for it."""
         self.cmd = commands or SlurmCommands()
+        self._topology = topology
+        self._leaf_switch: tuple[datetime, Mapping[str, str]] | None = None  # (read at, node -> leaf switch)
         self._cluster: tuple[str | None] | None = None  # ClusterName, once read
         self._resume_timeout: tuple[float | None] | None = None  # ResumeTimeout, once read
         self._scontrol_json: bool | None = None  # does scontrol take --json (23.02+)? None: not tried yet
@@ -176,7 +184,22 @@ class SlurmCli:
             partitions=self.partitions(),
             slurm_version=meta.slurm_release,
             data_parser=meta.data_parser,
+            leaf_switch=self.leaf_switches() if self._topology else {},
         )
+
+    def leaf_switches(self) -> Mapping[str, str]:
+        """Node -> leaf switch from ``scontrol show topology`` (slurm/topology.py); empty without a topology
+        plugin. Reused for :attr:`TOPOLOGY_TTL`."""
+        now = datetime.now(tz=UTC)
+        if self._leaf_switch is None or now - self._leaf_switch[0] >= self.TOPOLOGY_TTL:
+            last = self._leaf_switch[1] if self._leaf_switch is not None else {}
+            try:
+                leaves = parse_leaf_switches(self.cmd.run(["scontrol", "show", "topology"]).stdout)
+            except SlurmError as e:  # a preference only: the cycle goes on with the last topology read
+                log.warning("reading Slurm's topology failed, keeping the last one read: %s", e)
+                leaves = last
+            self._leaf_switch = (now, leaves)
+        return self._leaf_switch[1]
 
     def job(self, job_id: int) -> Job | None:
         """One job, or None when squeue no longer lists it (finished jobs: :meth:`final_states`)."""

@@ -152,6 +152,8 @@ class ClusterSnapshot:
     partitions: tuple[Partition, ...]
     slurm_version: str | None = None
     data_parser: str | None = None
+    #: node -> its leaf switch (topology/tree, ``scontrol show topology``); empty: no topology read or none set
+    leaf_switch: Mapping[str, str] = field(default_factory=dict, hash=False)
     _by_id: Mapping[int, Job] = field(default_factory=dict, repr=False, compare=False)
     _by_name: Mapping[str, Node] = field(init=False, repr=False, compare=False)
 

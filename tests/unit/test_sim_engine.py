@@ -13,7 +13,7 @@ from slurm_elastic.sim.elastic import ElasticPolicy, ResizeRequest, SimClusterSt
 from slurm_elastic.sim.engine import SimResult, Simulation, UsageInterval
 from slurm_elastic.sim.errors import WorkloadError
 from slurm_elastic.sim.invariants import check_invariants
-from slurm_elastic.sim.metrics import percentile_lower, summarize
+from slurm_elastic.sim.metrics import percentile_lower, summarize, time_weighted
 from slurm_elastic.sim.perfmodel.base import JobPerf
 from slurm_elastic.sim.run import compare
 from slurm_elastic.sim.scheduler import SchedulerKind
@@ -250,3 +250,31 @@ def test_the_production_policy_exposes_its_moldable_start_key() -> None:
     on = config_from_mapping({"version": 1, "moldable_start": True}, "<test>")
     off = config_from_mapping({"version": 1, "moldable_start": False}, "<test>")
     assert ProductionPolicy(on, sim).moldable_start and not ProductionPolicy(off, sim).moldable_start
+
+
+def test_stranded_gpus_are_sampled_and_averaged_over_the_makespan() -> None:
+    # J1 holds 2 of the node's 4 GPUs from 60 to 660; J2 waits for all 4: the other 2 are stranded meanwhile.
+    result = _run(SimConfig(1, 4, scheduler="fifo", start_delay=0.0), [("J1", 0.0, 2, 600.0), ("J2", 10.0, 4, 600.0)])
+    assert [s for s in result.stranded if s[1]] == [(60.0, 2, 2)]
+    metrics = summarize(result)
+    assert metrics.makespan == 1260.0
+    assert metrics.stranded_gpus == pytest.approx(2 * 600 / 1260)
+    assert metrics.partial_free_gpus == pytest.approx(2 * 600 / 1260)
+
+
+def test_free_gpus_a_waiting_job_fits_are_not_stranded() -> None:
+    # J3 (4 GPUs) blocks J4 (1 GPU) under FIFO, so from 60 to 660 J4 waits and could use the 2 GPUs J1 leaves
+    # free: partly used, not stranded. Once J4 runs alone (1260..1320) nobody waits: its 3 free GPUs are stranded.
+    result = _run(SimConfig(1, 4, scheduler="fifo", start_delay=0.0),
+                  [("J1", 0.0, 2, 600.0), ("J3", 10.0, 4, 600.0), ("J4", 20.0, 1, 60.0)])
+    assert [s for s in result.stranded if s[1]] == [(60.0, 2, 0), (1260.0, 3, 3)]
+    metrics = summarize(result)
+    assert metrics.partial_free_gpus == pytest.approx((2 * 600 + 3 * 60) / 1320)
+    assert metrics.stranded_gpus == pytest.approx(3 * 60 / 1320)
+
+
+def test_time_weighted_mean_of_a_step_function() -> None:
+    assert time_weighted([(10.0, 2), (30.0, 0)], 1, 0.0, 40.0) == pytest.approx(2 * 20 / 40)
+    assert time_weighted([(-5.0, 4), (50.0, 0)], 1, 0.0, 40.0) == pytest.approx(4.0)
+    assert time_weighted([], 1, 0.0, 40.0) == 0.0
+    assert time_weighted([(0.0, 3)], 1, 5.0, 5.0) == 0.0
