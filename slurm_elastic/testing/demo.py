@@ -112,8 +112,10 @@ def cancel_jobs(slurm: JobCanceller, jobs: Sequence[int]) -> None:
 
 
 class Demo:
-    def __init__(self, root: Path, duration: float, command: Sequence[str] = ()) -> None:
+    def __init__(self, root: Path, duration: float, command: Sequence[str] = (),
+                 agent_port_base: int = 18100) -> None:
         self.root = root
+        self.agent_port_base = agent_port_base  # agents on base + 1.., their /metrics on base + 101..
         # How agents and controller start: this interpreter's slurm_elastic, or an installed console script
         # (`--command`, scripts/test-wheel: the wheel in a clean venv).
         self.command = list(command) or [sys.executable, "-m", "slurm_elastic.cli"]
@@ -134,7 +136,7 @@ class Demo:
         for k, node in enumerate(sorted(nodes)):
             state = self.root / "vgpu" / f"{node}.state"
             StateFile(state).write(make_node_state(node, 4, minor_base=k * 4))
-            port = 18100 + k + 1
+            port = self.agent_port_base + k + 1
             env = {**self.env, "LD_LIBRARY_PATH": str(lib.parent), "SLURM_ELASTIC_VGPU_STATE": str(state)}
             log = open(self.dir / f"agent-{node}.log", "ab")  # noqa: SIM115 - owned by the child for its life
             self.procs.append(subprocess.Popen(
@@ -355,6 +357,9 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=300)
     ap.add_argument("--command", default="", help="the slurm-elastic command that runs the agents and the controller "
                     "(default: this interpreter's slurm_elastic), e.g. an installed console script")
+    ap.add_argument("--agent-port-base", type=int, default=18100,
+                    help="agents listen on BASE+1.. and serve /metrics on BASE+101.. (scripts/test-wheel moves "
+                    "them off the ports the cluster tests' own agents use)")
     ap.add_argument("--serving", action="store_true",
                     help="a service scaling with a daily load curve next to a training job (docs/serving.md)")
     ap.add_argument("--try", dest="trial", choices=["minimal", "torchrun", "dlrm"],
@@ -369,7 +374,7 @@ def main() -> int:
                    args.duration if "--duration" in sys.argv else 3600)
     if args.serving:
         return run_serving(args)
-    demo = Demo(args.cluster_dir, args.duration, [args.command] if args.command else ())
+    demo = Demo(args.cluster_dir, args.duration, [args.command] if args.command else (), args.agent_port_base)
     shutil.rmtree(demo.dir, ignore_errors=True)
     demo.dir.mkdir(parents=True)
     try:

@@ -113,7 +113,11 @@ def test_journal_round_trip_with_microseconds(stores: tuple[SqlStore, SqlStore],
     assert a.journal.mark_applied(aid, "Submitted batch job 9").state is ActionState.APPLIED
     with pytest.raises(DuplicateIntentError):
         b.journal.record_intent(job_id=1, kind=ActionKind.GROW, idempotency_key="grow:1:1:1")
-    assert a.journal.gpu_totals(clock() - timedelta(hours=1)).granted == 4
+    since = clock() - timedelta(hours=1)
+    assert a.journal.gpu_totals(since).granted == 0  # applied, not joined yet: no GPU granted
+    joined = b.journal.note_joined(aid, clock.advance(1))
+    assert joined.params["joined_at"] == clock().isoformat()  # microseconds kept through MariaDB's JSON
+    assert a.journal.gpu_totals(since).granted == 4
 
 
 def test_lease_creation_race_has_one_winner(stores: tuple[SqlStore, SqlStore]) -> None:
