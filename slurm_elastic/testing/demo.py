@@ -366,12 +366,16 @@ def main() -> int:
                     help="one template with trial timings and a GPU load you set (slurm_elastic/testing/trial.py)")
     ap.add_argument("--nodes", type=int, default=2, help="--try: the job's nodes at the start")
     ap.add_argument("--util", type=int, default=60, help="--try: the GPU load at the start (%%)")
+    ap.add_argument("--check", action="store_true",
+                    help="--try: set the load itself (95%% until the job grows, then 5%% until it shrinks) and exit 1 "
+                    "unless both happen within --duration (scripts/test-wheel)")
     args = ap.parse_args()
     if args.trial:
         from slurm_elastic.testing.trial import run
 
         return run(args.cluster_dir, args.trial, args.nodes, args.util,
-                   args.duration if "--duration" in sys.argv else 3600)
+                   args.duration if "--duration" in sys.argv else 3600, check=args.check,
+                   command=[args.command] if args.command else (), agent_port_base=args.agent_port_base)
     if args.serving:
         return run_serving(args)
     demo = Demo(args.cluster_dir, args.duration, [args.command] if args.command else (), args.agent_port_base)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -75,23 +76,38 @@ def banner(job: int, name: str, nodes: int, util: int, work: Path) -> str:
             f"  output:  {work.parent}/try-{job}.out   (Ctrl-C ends the trial and cancels the job)\n")
 
 
-def run(cluster_dir: Path, name: str, nodes: int, util: int, duration: float) -> int:
-    """Agents, controller and the trial job; prints decisions and sizes until ``duration`` or Ctrl-C."""
+#: ``--check``: the loads it sets in turn, and what each must make the job do
+CHECK_STEPS = ((95, "grow"), (5, "shrink"))
+
+
+def run(cluster_dir: Path, name: str, nodes: int, util: int, duration: float, *, check: bool = False,
+        command: Sequence[str] = (), agent_port_base: int = 18100) -> int:
+    """Agents, controller and the trial job; prints decisions and sizes until ``duration`` or Ctrl-C.
+
+    ``check``: drive the load itself (:data:`CHECK_STEPS`: 95% until the job grows, then 5% until it shrinks) and
+    return 1 unless both happen within ``duration``; scripts/test-wheel runs it with the installed console
+    script as ``command``."""
     from slurm_elastic.testing.demo import JOB_PATH, POLICY, REPO, Demo, new_decisions, unit_sizes
 
-    demo = Demo(cluster_dir, duration)
+    demo = Demo(cluster_dir, duration, command, agent_port_base)
     shutil.rmtree(demo.dir, ignore_errors=True)
     demo.dir.mkdir(parents=True)
     try:
-        db = demo.start_controller(demo.start_agents(), POLICY, JOB_PATH)
+        # A release cluster's (24.11, 26.05) client commands are in its bin/: the job's srun and the extension
+        # jobs' sbatch must be that release's.
+        release_bin = cluster_dir / "bin"
+        path = f"{release_bin}:{JOB_PATH}" if release_bin.is_dir() else JOB_PATH
+        db = demo.start_controller(demo.start_agents(), POLICY, path)
         work, script = prepare(REPO, cluster_dir / "jobs", name, util, "alice")
-        env = {**demo.env, "PATH": JOB_PATH, "PYTHONPATH": str(REPO), "SLURM_ELASTIC_TRAIN_ARGS": TRAIN_ARGS[name]}
+        env = {**demo.env, "PATH": path, "PYTHONPATH": str(REPO), "SLURM_ELASTIC_TRAIN_ARGS": TRAIN_ARGS[name]}
         job = demo.slurm.submit_as("alice", script, [f"--chdir={work}", f"--output={cluster_dir}/jobs/try-%j.out",
                                                      f"-N{nodes}", "--gres=gpu:4", "--time=60"], env=env)
         demo.jobs.append(job)
         print(banner(job, name, nodes, util, work), flush=True)
         seen: set[int] = set()
         last = -1
+        steps = list(CHECK_STEPS) if check else []
+        reference: int | None = None  # the size the current check step started from
         deadline = time.monotonic() + duration
         while time.monotonic() < deadline:
             time.sleep(2)
@@ -99,10 +115,25 @@ def run(cluster_dir: Path, name: str, nodes: int, util: int, duration: float) ->
             if size != last:
                 last = size
                 print(f"{datetime.now(UTC):%H:%M:%S}  [job {job}: {size} node(s)]", flush=True)
+            if steps and size > 0:
+                load, want = steps[0]
+                if reference is None:
+                    reference = size
+                    (work / "util").write_text(f"{load}\n")
+                    print(f"{datetime.now(UTC):%H:%M:%S}  check: GPU load {load}%: the job must {want}", flush=True)
+                elif (size > reference) if want == "grow" else (size < reference):
+                    print(f"{datetime.now(UTC):%H:%M:%S}  check: it did ({reference} -> {size} node(s))", flush=True)
+                    steps.pop(0)
+                    reference = None
+                    if not steps:
+                        return 0
             for d in new_decisions(db, seen) or []:
                 if d.job_id == job and (d.action != "hold" or d.reason in {"AT_MIN", "AT_MAX", "IN_BAND"}):
                     print(f"{d.time.astimezone(UTC):%H:%M:%S}  {d.action:6} {d.current_nodes}->{d.target_nodes}  "
                           f"{d.reason}: {d.message}", flush=True)
+        if steps:
+            print(f"check: the job did not {steps[0][1]} within {duration:.0f}s", flush=True)
+            return 1
         return 0
     except KeyboardInterrupt:
         return 0
