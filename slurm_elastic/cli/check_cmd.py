@@ -17,10 +17,11 @@ from typing import Any
 import click
 
 from slurm_elastic.cli.check_pitfalls import grace_handler_warning
-from slurm_elastic.cli.check_policy import effective_band, load_policy, sbatch_scope
+from slurm_elastic.cli.check_policy import effective_band, sbatch_scope
 from slurm_elastic.cli.output import spec_text
 from slurm_elastic.directives import parse_script
 from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.sim.policy_adapter import load_policy_config
 
 
 def _read(script: str) -> bytes:
@@ -51,7 +52,7 @@ def check_cmd(  # noqa: PLR0917 - click passes every option by keyword
     name = "stdin" if script == "-" else script
     try:
         data = _read(script)
-        cfg = load_policy(policy_file)
+        cfg = load_policy_config(policy_file)
     except OSError as exc:
         click.echo(f"slurm-elastic check: error: cannot read {name}: {exc.strerror or exc}", err=True)
         ctx.exit(1)

@@ -10,27 +10,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import cast
 
 from slurm_elastic.directives.spec import ElasticSpec
-from slurm_elastic.errors import ConfigError
-from slurm_elastic.policy import PolicyConfig, default_config, parse_config
+from slurm_elastic.policy import PolicyConfig
 from slurm_elastic.policy.config import SettingsResolver
 
 _SBATCH = re.compile(rb"^#SBATCH\s+(.*)$", re.MULTILINE)
 _OPTIONS = {"-p": "partition", "--partition": "partition", "-A": "account", "--account": "account"}
-
-
-def load_policy(path: Path | None) -> PolicyConfig:
-    """The site's policy file, or the packaged defaults; ConfigError (a SlurmElasticError) when unusable."""
-    if path is None:
-        return default_config()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read policy file {path}: {exc.strerror or exc}") from None
-    return parse_config(text, source=str(path))
 
 
 def sbatch_scope(data: bytes) -> tuple[str | None, str | None]:
