@@ -192,7 +192,9 @@ def deadline(path: str | None = None) -> float | None:
     return n.deadline if n else None
 
 
-def _write_atomic(path: str, text: str) -> bool:
+def write_atomic(path: str, text: str) -> bool:
+    """Write ``text`` to ``path`` through a temporary file and a rename (never through a link); False on an OS
+    error, with nothing left behind."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -221,13 +223,13 @@ def acknowledge(step: int | None = None, *, path: str | None = None, now: float 
     record: dict[str, object] = {"id": n.id, "time": round(time.time() if now is None else now, 3)}
     if step is not None:
         record["step"] = int(step)
-    return _write_atomic(ack_path(target), json.dumps(record, separators=(",", ":")) + "\n")
+    return write_atomic(ack_path(target), json.dumps(record, separators=(",", ":")) + "\n")
 
 
 def post(n: Notice, path: str | None = None) -> bool:
     """Write a notice (the controller writes its own safely as root; an extension job uses this one)."""
     target = path or default_path()
-    return bool(target) and _write_atomic(str(target), n.render())
+    return bool(target) and write_atomic(str(target), n.render())
 
 
 def held(acked: str, path: str | None = None, *, now: float | None = None) -> bool:

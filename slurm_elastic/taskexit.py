@@ -25,7 +25,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from slurm_elastic.resize import Notice
+from slurm_elastic.resize import Notice, write_atomic
 
 ENV_DIR = "SLURM_ELASTIC_TASKS_DIR"
 STATES = ("running", "released", "exited")
@@ -81,20 +81,7 @@ class Recorder:
         return os.path.join(self.directory, f"{self.node}-{self.rank}.json")
 
     def write(self, state: str, *, rc: int | None = None, notice: str | None = None) -> bool:
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        text = TaskRecord(self.node, self.rank, state, rc, notice).render()
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, self.path)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            return False
-        return True
+        return write_atomic(self.path, TaskRecord(self.node, self.rank, state, rc, notice).render())
 
     def follow(self, notice: Notice | None, released: str | None) -> str | None:
         """Mark the task released while ``notice`` (the one written now) is a shrink naming this node, and
