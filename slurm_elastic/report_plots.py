@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.sim.plots import pyplot_in
 
 #: (divisor, unit) by the largest value plotted: what a table shows for such values.
 _TIME_UNITS = ((3600.0, "hours"), (60.0, "minutes"), (1.0, "seconds"))
@@ -35,18 +36,7 @@ def time_unit(values: Sequence[float]) -> tuple[float, str]:
 
 
 def _pyplot(directory: Path) -> Any:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise PlotError("--plot needs matplotlib: pip install 'slurm-elastic[sim]'") from exc
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PlotError(f"cannot create {directory}: {exc.strerror or exc}") from exc
-    return plt
+    return pyplot_in(directory, PlotError)
 
 
 def _save(fig: Any, path: Path, plt: Any) -> Path:

@@ -31,25 +31,26 @@ def _utilization_series(result: SimResult, start: float, end: float) -> tuple[li
     return hours, [h / capacity for h in held], [x / capacity for x in busy]
 
 
-def _pyplot(directory: Path) -> Any:
-    """matplotlib.pyplot on the Agg backend, once ``directory`` exists."""
+def pyplot_in(directory: Path, error: type[Exception] = SimulationError) -> Any:
+    """matplotlib.pyplot on the Agg backend, once ``directory`` exists; ``error`` (the caller's own type) when
+    matplotlib is missing or the directory cannot be made."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the install
-        raise SimulationError("--plot needs matplotlib: pip install 'slurm-elastic[sim]'") from exc
+        raise error("--plot needs matplotlib: pip install 'slurm-elastic[sim]'") from exc
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise SimulationError(f"cannot create {directory}: {exc.strerror or exc}") from exc
+        raise error(f"cannot create {directory}: {exc.strerror or exc}") from exc
     return plt
 
 
 def write_plots(results: Mapping[str, SimResult], directory: Path) -> list[Path]:
     """Write jct_cdf.png, utilization.png and queue_length.png into ``directory``; return their paths."""
-    plt = _pyplot(directory)
+    plt = pyplot_in(directory)
     runs = {name: r for name, r in results.items() if r.jobs}
     start = min((min(j.submit_time for j in r.jobs) for r in runs.values()), default=0.0)
     end = max((max(j.end_time for j in r.jobs) for r in runs.values()), default=1.0)
