@@ -30,7 +30,7 @@ admitted pending job: linear in the units up to a log factor.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from slurm_elastic.policy.config import UnitSettings
@@ -113,46 +113,9 @@ def grow_key(w: UnitWork) -> tuple[int, float, int]:
     return (0 if w.fair_protected else 1, -(w.plan_value or 0.0), w.unit_id)
 
 
-def water_fill(candidates: Sequence[tuple[UnitWork, int]], need: int, limit: float,
-               helps: Callable[[UnitWork, int], bool]) -> list[tuple[UnitWork, int]] | None:
-    """Take ``need`` nodes from ``candidates`` ((unit, nodes above its floor)), one node at a time from the unit
-    whose rho after giving it would be lowest, none that would take a unit's rho above ``limit``;
-    ``helps(unit, k)`` says whether its k-th next node (0-based) fits the job the nodes are for (asked only of the
-    nodes popped, so a scan costs the candidates' heap, not a fit check each). Returns (unit, nodes) with nodes
-    > 0, or None when they are not enough. Units without a fairness (unmeasured) are left alone."""
-    heap: list[tuple[float, int, int]] = []
-    by_id: dict[int, tuple[UnitWork, int]] = {}
-    for w, most in candidates:
-        f = w.fairness
-        if most <= 0 or f is None:
-            continue
-        rho = f.rho_at(w.current - w.taken - 1)
-        if rho <= limit:
-            by_id[w.unit_id] = (w, most)
-            heap.append((rho, w.unit_id, 0))
-    heapq.heapify(heap)
-    got: dict[int, int] = {}
-    left = need
-    while left > 0 and heap:
-        _, uid, k = heapq.heappop(heap)
-        w, most = by_id[uid]
-        if not helps(w, k):
-            continue  # its next node does not fit the job; the ones after it are not taken out of order
-        got[uid] = k + 1
-        left -= 1
-        nxt = k + 1
-        if nxt < most:
-            assert w.fairness is not None
-            rho = w.fairness.rho_at(w.current - w.taken - nxt - 1)
-            if rho <= limit:
-                heapq.heappush(heap, (rho, uid, nxt))
-    if left > 0:
-        return None
-    return [(by_id[uid][0], k) for uid, k in sorted(got.items())]
-
-
 class VictimHeap:
-    """The water-filling of :func:`water_fill` kept across the pending jobs of one walk, for one partition.
+    """Water-filling of one pending job's nodes from the victims by rho, kept across the pending jobs of one walk
+    (one heap per partition; a job of several partitions gets a heap of its own).
 
     The walk admits pending jobs in falling priority, so a victim of priority at or above one job's is no victim
     of any later job's either, and a victim without surplus left never has one again: both leave the heap for
@@ -180,8 +143,11 @@ class VictimHeap:
 
     def take(self, priority: int, need: int, limit: float,
              helps: Callable[[UnitWork, int], bool]) -> list[tuple[UnitWork, int]] | None:
-        """``need`` nodes for a pending job of ``priority`` (see :func:`water_fill`); nothing is committed: the
-        caller adds the picks to the units' ``taken``."""
+        """Take ``need`` nodes for a pending job of ``priority``, one node at a time from the unit whose rho after
+        giving it would be lowest, none that would take a unit's rho above ``limit``; ``helps(unit, k)`` says
+        whether its k-th next node (0-based) fits the job (asked only of the nodes popped). Returns (unit, nodes)
+        with nodes > 0, or None when they are not enough; nothing is committed: the caller adds the picks to the
+        units' ``taken``."""
         heap = self._heap
         picks: dict[int, int] = {}
         aside: list[tuple[float, int]] = []
@@ -216,4 +182,4 @@ class VictimHeap:
         return [(self._by_id[uid], k) for uid, k in sorted(picks.items())]
 
 
-__all__ = ["Fairness", "VictimHeap", "assess", "grow_key", "pending_rho", "speed_model", "victim_limit", "water_fill"]
+__all__ = ["Fairness", "VictimHeap", "assess", "grow_key", "pending_rho", "speed_model", "victim_limit"]

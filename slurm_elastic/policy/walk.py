@@ -23,9 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from itertools import takewhile
 from typing import Any, Generic, TypeVar
 
-from slurm_elastic.policy.allocator import VictimHeap, grow_key, victim_limit, water_fill
+from slurm_elastic.policy.allocator import VictimHeap, grow_key, victim_limit
 from slurm_elastic.policy.capacity import (
     FreeGres,
     Need,
@@ -577,7 +578,7 @@ class Walk:
     def _fair_victims(self, job: Job, part_set: set[str], parts: tuple[str, ...], need: Need,
                       still: int) -> tuple[list[tuple[UnitWork, int]], int]:
         """allocator: the lower-priority victims' nodes, one at a time from the unit whose rho after the shrink
-        would be lowest, none below the size at which its rho would pass fairness_max_rho (policy/allocator.py).
+        would be lowest, none past max(fairness_max_rho, the waiting job's own rho) (policy/allocator.py).
         Returns the picks and how many nodes are still missing (all of ``still`` when they are not enough)."""
         max_rho = victim_limit(job, self.ctx.now, self.ctx.cfg.fairness_max_rho)
 
@@ -588,23 +589,11 @@ class Walk:
             heap = self.fair_heaps.get(parts[0])
             if heap is None:
                 heap = self.fair_heaps[parts[0]] = VictimHeap(self.victims.get(parts[0], ()))
-            found = heap.take(job.priority, still, max_rho, helps)
-            return (found, 0) if found is not None else ([], still)
-        candidates: list[tuple[UnitWork, int]] = []
-        seen: set[int] = set()
-        for part in parts:
-            live_victims = self.live_victims.get(part)
-            for w in live_victims if live_victims is not None else ():
-                if w.priority >= job.priority:
-                    break  # the allocator keeps victims in priority order: no lower-priority one is left
-                if w.unit_id in seen:
-                    continue
-                seen.add(w.unit_id)
-                most = min(w.current - w.taken - max(w.unit.min_nodes, w.admit_floor), len(w.removal()) - w.taken)
-                if most > 0:
-                    candidates.append((w, most))
-        picks = water_fill(candidates, still, max_rho, helps)
-        return (picks, 0) if picks is not None else ([], still)
+        else:  # a job of several partitions: a heap of their lower-priority victims, for this job alone
+            heap = VictimHeap(w for part in parts for w in takewhile(
+                lambda v: v.priority < job.priority, self.live_victims.get(part, ())))
+        found = heap.take(job.priority, still, max_rho, helps)
+        return (found, 0) if found is not None else ([], still)
 
     def _note_spared(self, job: Job, parts: tuple[str, ...]) -> None:
         """tail_protection: the lower-priority units with surplus that were spared for ``job`` because they ran

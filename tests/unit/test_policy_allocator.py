@@ -118,3 +118,12 @@ def test_two_arrivals_in_one_cycle_keep_filling_from_the_lowest_rho() -> None:
     high = [replace(units[0], job=replace(units[0].job, priority=95)), units[1], units[2]]
     got = _run(high, all_nodes, arrivals, allocator=True)
     assert got[100].shrink is not None and got[100].shrink.admits == (900,) and got[100].target_nodes == 3
+
+
+def test_a_job_of_two_partitions_takes_from_the_victims_of_both() -> None:
+    a = unit(job(100, nodes=("a1", "a2", "a3", "a4"), priority=10, partition="a"))
+    b = unit(job(101, nodes=("b1", "b2", "b3", "b4"), priority=10, partition="b"))
+    all_nodes = [node(f"{p}{i}", used=4, partitions=(p,)) for p in "ab" for i in range(1, 5)]
+    got = _run([a, b], all_nodes, [pending(900, count=2, priority=100, partition="a,b")], allocator=True)
+    assert [got[u].target_nodes for u in (100, 101)] == [3, 3]
+    assert got[100].shrink is not None and got[100].shrink.released_nodes == ("a4",)
