@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 from slurm_elastic.policy import PolicyConfig, config_from_mapping, default_config  # noqa: E402
 from slurm_elastic.policy.schema import DEFAULTS  # noqa: E402
 from slurm_elastic.sim.config import SimConfig  # noqa: E402
+from slurm_elastic.sim.engine import SimResult  # noqa: E402
 from slurm_elastic.sim.loaders import load_workload  # noqa: E402
-from slurm_elastic.sim.metrics import Metrics, summarize  # noqa: E402
+from slurm_elastic.sim.metrics import Metrics, Slowdown, slowdown, summarize  # noqa: E402
 from slurm_elastic.sim.perfmodel.base import JobPerf  # noqa: E402
 from slurm_elastic.sim.perfmodel.factory import build_models  # noqa: E402
 from slurm_elastic.sim.policy_adapter import AdapterSettings, ProductionPolicy  # noqa: E402
@@ -62,7 +63,8 @@ class Bench:
         self.scheduler = scheduler  # the base scheduler of every table but "artifact": backfill (EASY) or greedy
         self.moldable_start = False  # SimConfig.moldable_start for elastic runs (rigid baselines never mold)
         self._loaded: dict[tuple[str, int], tuple[Workload, dict[str, JobPerf]]] = {}
-        self._baselines: dict[tuple[str, int, str], Metrics] = {}
+        self._baselines: dict[tuple[str, int, str], tuple[Metrics, SimResult]] = {}
+        self.per_job: Slowdown | None = None  # the last elastic run's jobs against the same rigid run
         self.runs = 0
         self.seconds = 0.0
 
@@ -75,19 +77,25 @@ class Bench:
 
     def run(self, wset: str, n: int, cfg: PolicyConfig | None, *, scheduler: str | None = None,
             settings: AdapterSettings | None = None) -> Metrics:
+        """One run's metrics; an elastic run (``cfg``) also sets :attr:`per_job` against the rigid run."""
         scheduler = scheduler or self.scheduler
-        if cfg is None and (wset, n, scheduler) in self._baselines:
-            return self._baselines[(wset, n, scheduler)]
+        key = (wset, n, scheduler)
+        if cfg is None and key in self._baselines:
+            return self._baselines[key][0]
         workload, models = self._workload(wset, n)
         sim = SimConfig(self.nodes, self.gpus_per_node, scheduler=scheduler,  # type: ignore[arg-type]
                         moldable_start=self.moldable_start)
         policy = ProductionPolicy(cfg, sim, settings) if cfg is not None else None
         start = time.perf_counter()
-        metrics = summarize(simulate_one(workload, sim, models, policy=policy))
+        result = simulate_one(workload, sim, models, policy=policy)
+        metrics = summarize(result)
         self.seconds += time.perf_counter() - start
         self.runs += 1
         if cfg is None:
-            self._baselines[(wset, n, scheduler)] = metrics
+            self._baselines[key] = (metrics, result)
+        else:
+            self.run(wset, n, None, scheduler=scheduler)
+            self.per_job = slowdown(self._baselines[key][1], result)
         return metrics
 
 
@@ -107,24 +115,34 @@ def table_compare(bench: Bench, wset: str, workloads: Sequence[int], cfg: Policy
                   settings: AdapterSettings | None = None) -> None:
     print(f"\n### {title} ({bench.scheduler} base)\n")
     print("| workload | avg JCT rigid | avg JCT elastic | Δ avg | p50 rigid | p50 elastic | p99 rigid | p99 elastic "
-          "| Δ p99 | starved rigid / elastic | resizes per job |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| Δ p99 | starved rigid / elastic | resizes per job | jobs > 1.25x / > 2x rigid | worst job |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     d_avg: list[float] = []
     d_p99: list[float] = []
+    l125: list[float] = []  # per job against rigid (10-minute floor): share > 1.25x, > 2x, the worst ratio
+    l2: list[float] = []
+    worst: list[float] = []
     starved = [0, 0]
     for n in workloads:
         b = bench.run(wset, n, None)
         e = bench.run(wset, n, cfg, settings=settings)
+        sd = bench.per_job
+        assert sd is not None
+        l125.append(sd.later_125)
+        l2.append(sd.later_2)
+        worst.append(sd.worst)
         d_avg.append(e.avg_jct / b.avg_jct - 1)
         d_p99.append(e.p99_jct / b.p99_jct - 1)
         starved[0] += b.starvation
         starved[1] += e.starvation
         print(f"| {wset}/workload-{n} | {_fmt(b.avg_jct)} | {_fmt(e.avg_jct)} | {_pct(e.avg_jct, b.avg_jct)} "
               f"| {_fmt(b.p50_jct)} | {_fmt(e.p50_jct)} | {_fmt(b.p99_jct)} | {_fmt(e.p99_jct)} "
-              f"| {_pct(e.p99_jct, b.p99_jct)} | {b.starvation} / {e.starvation} | {e.resizes:.2f} |")
+              f"| {_pct(e.p99_jct, b.p99_jct)} | {b.starvation} / {e.starvation} | {e.resizes:.2f} "
+              f"| {sd.later_125:.1%} / {sd.later_2:.1%} | {sd.worst:.2f}x |")
     print(f"| **mean** | | | **{_mean(d_avg) * 100:+.0f}%** | | | | | **{_mean(d_p99) * 100:+.0f}%** "
-          f"| **{starved[0]} / {starved[1]}** | |")
-    print(f"| **worst** | | | **{max(d_avg) * 100:+.0f}%** | | | | | **{max(d_p99) * 100:+.0f}%** | | |")
+          f"| **{starved[0]} / {starved[1]}** | | **{_mean(l125):.1%} / {_mean(l2):.1%}** | |")
+    print(f"| **worst** | | | **{max(d_avg) * 100:+.0f}%** | | | | | **{max(d_p99) * 100:+.0f}%** | | "
+          f"| **{max(l125):.1%} / {max(l2):.1%}** | **{max(worst):.2f}x** |")
 
 
 def table_rules(bench: Bench, workloads: Sequence[int], base: Mapping[str, Any], name: str,
