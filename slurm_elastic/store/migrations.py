@@ -31,9 +31,9 @@ from slurm_elastic.store.errors import (
     SchemaTooNewError,
     StoreError,
 )
-from slurm_elastic.store.models import Models
+from slurm_elastic.store.models import TABLE_CHARSET, Models
 
-CURRENT_SCHEMA_VERSION = 4
+CURRENT_SCHEMA_VERSION = 5
 
 Migration = Callable[[Connection, Models], None]
 
@@ -73,9 +73,25 @@ def _add_serving_demand(conn: Connection, models: Models) -> None:
     table.create(conn, checkfirst=True)
 
 
+def _tables_to_utf8mb4(conn: Connection, models: Models) -> None:
+    """4 -> 5: on MariaDB/MySQL, every table in utf8mb4 (the models now say so; a database created with the
+    server's latin1 default refused a decision message with a non-ASCII character, error 1366). Converts only
+    the tables not yet in utf8mb4, so it runs again harmlessly; other databases store Unicode already."""
+    if conn.dialect.name not in ("mysql", "mariadb"):
+        return
+    names = [t for t in models.table_names() if inspect(conn).has_table(t)]
+    for name in names:
+        charset = conn.exec_driver_sql(
+            "SELECT c.CHARACTER_SET_NAME FROM information_schema.TABLES t JOIN "
+            "information_schema.COLLATION_CHARACTER_SET_APPLICABILITY c ON c.COLLATION_NAME = t.TABLE_COLLATION "
+            "WHERE t.TABLE_SCHEMA = DATABASE() AND t.TABLE_NAME = %s", (name,)).scalar()
+        if charset != TABLE_CHARSET:
+            conn.exec_driver_sql(f"ALTER TABLE {name} CONVERT TO CHARACTER SET {TABLE_CHARSET}")
+
+
 # N -> the function taking schema N to N+1.
 MIGRATIONS: Mapping[int, Migration] = {1: _add_time_limit_added, 2: _add_lease_holder_process,
-                                       3: _add_serving_demand}
+                                       3: _add_serving_demand, 4: _tables_to_utf8mb4}
 
 
 @dataclass(frozen=True)

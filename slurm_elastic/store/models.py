@@ -46,6 +46,7 @@ NAMING = {
 
 NAME = 255  # user, account, partition, node names, idempotency keys (utf8mb4 index limit allows 255 chars)
 CODE = 64  # states, kinds, reason codes
+TABLE_CHARSET = "utf8mb4"  # MariaDB/MySQL tables; see models_for
 
 
 class _Row:
@@ -332,6 +333,10 @@ def models_for(prefix: str = "") -> Models:
         __tablename__ = f"{p}serving_demand"
         __table_prefix__ = p
 
+    for table in Base.metadata.tables.values():
+        # MariaDB/MySQL: utf8mb4 whatever the server's or database's default (MariaDB's own is latin1), so a
+        # message with a non-ASCII character is stored, not refused (error 1366). Other dialects ignore it.
+        table.dialect_options["mysql"]["charset"] = TABLE_CHARSET
     return Models(
         prefix=p,
         metadata=Base.metadata,

@@ -328,3 +328,36 @@ def test_a_cycles_bulk_writes_on_mariadb(stores: tuple[SqlStore, SqlStore], cloc
                             + [AgentScrape("n0", "http://n0:9400", error="refused")])
     agents = {r.node: r for r in b.agents.list_agents()}
     assert len(agents) == 600 and agents["n0"].last_error == "refused" and agents["n1"].gpu_count == 4
+
+
+def test_non_ascii_message_and_schema_4_to_5_on_mariadb(mariadb: str, prefix: str, clock: FakeClock) -> None:
+    """The test MariaDB's server default is latin1 (as a site's may be): tables are created utf8mb4, so a decision
+    message with a non-ASCII character is stored (it was refused, error 1366); the real 4 -> 5 step converts a
+    latin1 table of an older database, keeps its rows, and runs again harmlessly."""
+    st = SqlStore.open(mariadb, table_prefix=prefix, clock=clock)
+    try:
+        text_ = "grow 2 → 3 nodes: 95 % ≥ 90 % (Zürich)"
+        cycle = st.decisions.begin_cycle(holder="utf8")
+        (first,) = st.decisions.record_decisions(cycle, [NewDecision(1, "grow", "BUSY", text_, {"note": text_})])
+        assert {d.id: d for d in st.decisions.list_decisions()}[first].message == text_
+        with st.db.engine.begin() as conn:
+            conn.execute(text(f"DELETE FROM {prefix}decisions"))  # latin1 cannot hold it: an older database's row
+            conn.execute(text(f"ALTER TABLE {prefix}decisions CONVERT TO CHARACTER SET latin1"))
+        (first,) = st.decisions.record_decisions(cycle, [NewDecision(1, "hold", "IN_BAND", "ascii")])
+        with st.db.engine.begin() as conn:
+            conn.execute(text(f"UPDATE {prefix}schema_version SET version = 4"))
+        report = st.ensure_schema(upgrade=True)
+        assert report.applied == (4,) and st.schema_version() == CURRENT_SCHEMA_VERSION
+        with st.db.engine.begin() as conn:
+            MIGRATIONS[4](conn, st.db.models)  # already utf8mb4: nothing happens
+            collation = conn.execute(text(
+                "SELECT TABLE_COLLATION FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+                "AND TABLE_NAME = :t"), {"t": f"{prefix}decisions"}).scalar()
+        assert str(collation).startswith("utf8mb4")
+        (second,) = st.decisions.record_decisions(cycle, [NewDecision(2, "grow", "BUSY", text_, {"note": text_})])
+        stored = {d.id: d for d in st.decisions.list_decisions()}
+        assert stored[second].message == text_ and stored[second].inputs == {"note": text_}
+        assert stored[first].message == "ascii"  # the row written before the conversion is kept
+    finally:
+        st.drop_all()
+        st.close()

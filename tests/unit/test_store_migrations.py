@@ -237,7 +237,7 @@ def test_serving_demand_table_comes_with_the_upgrade_from_3(tmp_path: Path) -> N
     with pytest.raises(SchemaOutdatedError):
         open_file(tmp_path / "s.db")
     up = open_file(tmp_path / "s.db", upgrade=True)
-    assert up.schema_version() == CURRENT_SCHEMA_VERSION == 4
+    assert up.schema_version() == CURRENT_SCHEMA_VERSION == 5
     assert "serving_demand" in set(inspect(up.db.engine).get_table_names())
     slot = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
     up.demand.add_demand(DemandRecord("alice/serve", 7, slot, 120.5, p99_ms=31.0, replicas=2))
@@ -245,3 +245,20 @@ def test_serving_demand_table_comes_with_the_upgrade_from_3(tmp_path: Path) -> N
     assert up.demand.demand("alice/serve") == [DemandRecord("alice/serve", 7, slot, 120.5, 31.0, 2)]
     assert up.demand.demand("bob/serve") == []
     up.close()
+
+
+def test_every_table_is_created_utf8mb4_on_mariadb_and_the_step_is_a_no_op_elsewhere(tmp_path: Path) -> None:
+    """MariaDB's own default charset is latin1: each table says utf8mb4 itself (a non-ASCII message was refused
+    with error 1366); the 4 -> 5 step that converts older MariaDB tables leaves SQLite alone."""
+    from sqlalchemy.dialects import mysql
+    from sqlalchemy.schema import CreateTable
+
+    from slurm_elastic.store.models import models_for
+
+    models = models_for("u8_")
+    for table in models.metadata.tables.values():
+        assert str(CreateTable(table).compile(dialect=mysql.dialect())).rstrip().endswith("CHARSET=utf8mb4"), table
+    st = open_file(tmp_path / "s.db")
+    set_version(st, 4)
+    assert st.ensure_schema(upgrade=True).applied == (4,) and st.schema_version() == CURRENT_SCHEMA_VERSION
+    st.close()
