@@ -93,33 +93,39 @@ class SpecFormatError(SpecError):
     """Text that is not a valid normalized spec (``elastic:v1 ...``)."""
 
 
+def _default(field: str) -> Any:
+    """The option table's default of ``field`` (for the keys a policy also sets: the policy's packaged default)."""
+    return BY_FIELD[field].default
+
+
 @dataclass(frozen=True)
 class ElasticSpec:
     """The elastic behaviour of one job, or of one component of a heterogeneous job; every field resolved.
 
     ``explicit`` names the fields (attribute names) that a directive set; every other field holds the
-    built-in default from :data:`slurm_elastic.directives.options.OPTIONS`, which a site policy may replace
+    built-in default from :data:`slurm_elastic.directives.options.OPTIONS` (the policy's packaged default for the
+    keys a policy also sets), which a site policy may replace
     with :meth:`with_defaults`. ``max_nodes`` is None when no directive set it: it then means "the node count
     the job was submitted with", which only the controller knows.
     """
 
     het_group: int | None = None
-    min_nodes: int = 1
+    min_nodes: int = _default("min_nodes")
     max_nodes: int | None = None
-    step: int = 1
-    scale_up_above: int = 80
-    scale_down_below: int = 40
-    window_s: int = 600
-    cooldown_s: int = 300
-    grace_s: int = 120
-    signal: str = "USR1"
-    grow: bool = True
-    shrink: bool = True
-    serving: bool = False
+    step: int = _default("step")
+    scale_up_above: int = _default("scale_up_above")
+    scale_down_below: int = _default("scale_down_below")
+    window_s: int = _default("window_s")
+    cooldown_s: int = _default("cooldown_s")
+    grace_s: int = _default("grace_s")
+    signal: str = _default("signal")
+    grow: bool = _default("grow")
+    shrink: bool = _default("shrink")
+    serving: bool = _default("serving")
     slo_p99_ms: int | None = None
     target_rps_per_replica: int | None = None
     prewarm: str | None = None
-    prewarm_timeout_s: int = 600
+    prewarm_timeout_s: int = _default("prewarm_timeout_s")
     explicit: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:

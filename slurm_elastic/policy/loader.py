@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from slurm_elastic.configfile import suggest, with_lines
 from slurm_elastic.directives.options import SIGNALS
+from slurm_elastic.keyschema import Kind
 from slurm_elastic.policy.config import (
     WINDOWS_KEY,
     LayerSet,
@@ -30,7 +31,6 @@ from slurm_elastic.policy.schema import (
     PROFILE_TABLE,
     SCOPE_TABLES,
     KeyDef,
-    Kind,
     Scope,
     Value,
 )
