@@ -32,13 +32,13 @@ from slurm_elastic.directives.options import (
     BY_KEY,
     FORMAT_VERSION,
     MAX_HET_GROUP,
-    MAX_NODES,
     SETTINGS,
     SIGNALS,
     OptionKind,
 )
 from slurm_elastic.directives.values import InvalidValue, check_command
 from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.keyschema import MAX_NODES
 
 FORMAT_TAG = f"elastic:{FORMAT_VERSION}"
 
