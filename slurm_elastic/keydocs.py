@@ -3,19 +3,22 @@
 Each :class:`Rendering` is a block between two marker lines in a file: the policy keys in docs/policy.md, the
 ``#ELASTIC`` option table in docs/directives.md, the config-file keys in docs/configuration-keys.md, and the
 option table of plugins/job_submit.lua (which validates the directives inside slurmctld and can not import
-Python). ``scripts/render-keys`` rewrites them; tests/unit/test_keys_rendered.py fails when a committed block
+Python); or a whole file: tests/vectors/key_ranges.json, the plugin's vectors at every declared bound.
+``scripts/render-keys`` rewrites them; tests/unit/test_keys_rendered.py fails when a committed block
 differs from a fresh rendering, so a key changed in one place can not leave its docs or the plugin behind.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.directives.options import OPTIONS, OptionKind
+from slurm_elastic.directives import parse_script
+from slurm_elastic.directives.options import HET_GROUP_OPTION, OPTIONS, OptionKind
 from slurm_elastic.directives.values import allowed_text, format_duration
 from slurm_elastic.keyschema import Key
 
@@ -87,6 +90,36 @@ def render_lua_options() -> str:
     return "\n".join(out) + "\n"
 
 
+#: What an option needs beside it to be valid on its own (the rules between options).
+_NEEDS = {"--slo-p99": "--serving ", "--target-rps-per-replica": "--serving ", "--prewarm-timeout": "--prewarm x "}
+
+
+def render_range_vectors() -> str:
+    """tests/vectors/key_ranges.json: for every option with a numeric range, a script at each bound (valid) and
+    one past each (an error), in the shared vectors' format, so that plugins/job_submit.lua is run against the
+    declared ranges (tests/unit/test_keys_rendered.py). The expectations are the Python parser's; rendering
+    fails if the parser disagrees with the declaration about which values are valid."""
+    cases = []
+    for o in OPTIONS:
+        if o.lo is None or o.hi is None or o.option == HET_GROUP_OPTION or o.kind is OptionKind.COMMAND:
+            continue
+        for value, valid in ((o.lo, True), (o.hi, True), (o.lo - 1, False), (o.hi + 1, False)):
+            if value < 0:
+                continue  # not a number the grammar can write
+            script = f"#!/bin/bash\n#ELASTIC {_NEEDS.get(o.option, '')}{o.option} {value}\nsrun x\n"
+            result = parse_script(script.encode())
+            if result.ok != valid:
+                raise AssertionError(f"{o.option} {value}: the parser says ok={result.ok}, the declaration {valid}")
+            cases.append({"name": f"range {o.option} {value}", "valid": valid, "script": script, "expect": {
+                "specs": [sp.to_normalized() for sp in result.specs],
+                "errors": [[e.line, e.option, e.message, e.allowed] for e in result.errors],
+                "warnings": [[w.line, w.message] for w in result.warnings]}})
+    doc = {"comment": "Rendered by scripts/render-keys from slurm_elastic/directives/options.py (keydocs."
+                      "render_range_vectors): each option's declared range at and past its bounds. Do not edit.",
+           "cases": cases, "admin_comment": {"embed": [], "extract": []}}
+    return json.dumps(doc, indent=1, ensure_ascii=True) + "\n"
+
+
 def _controller_sections() -> Mapping[str, Mapping[str, Key]]:
     from slurm_elastic.controller.config import SECTIONS
 
@@ -115,8 +148,8 @@ def _policy_keys() -> str:
 @dataclass(frozen=True)
 class Rendering:
     path: str  # relative to the repository root
-    name: str  # the markers: <!-- NAME:begin --> ... <!-- NAME:end --> (markdown), -- NAME:begin ... (lua)
-    render: Callable[[], str]
+    name: str  # the markers: <!-- NAME:begin --> ... <!-- NAME:end --> (markdown), -- NAME:begin ... (lua);
+    render: Callable[[], str]  # "" for a file that is rendered whole
 
     def _markers(self) -> tuple[str, str]:
         if self.path.endswith(".lua"):
@@ -126,6 +159,8 @@ class Rendering:
 
     def replaced(self, text: str) -> str:
         """``text`` with this block rendered afresh. Raises ValueError when the markers are missing."""
+        if not self.name:
+            return self.render()
         begin, end = self._markers()
         pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
         if not pattern.search(text):
@@ -140,6 +175,7 @@ RENDERINGS: tuple[Rendering, ...] = (
     Rendering("docs/configuration-keys.md", "agent-keys", lambda: render_config_markdown(_agent_sections())),
     Rendering("docs/configuration-keys.md", "mig-keys", lambda: render_config_markdown(_mig_sections())),
     Rendering("plugins/job_submit.lua", "option-table", render_lua_options),
+    Rendering("tests/vectors/key_ranges.json", "", render_range_vectors),
 )
 
 
@@ -147,14 +183,16 @@ def fresh(root: Path) -> dict[str, str]:
     """Every rendered file's text as it should be: {path: text}."""
     out: dict[str, str] = {}
     for r in RENDERINGS:
-        text = out.get(r.path) or (root / r.path).read_text(encoding="utf-8")
+        path = root / r.path
+        text = out.get(r.path) or (path.read_text(encoding="utf-8") if path.exists() else "")
         out[r.path] = r.replaced(text)
     return out
 
 
 def stale(root: Path) -> list[str]:
     """The files whose committed text differs from a fresh rendering."""
-    return [path for path, text in fresh(root).items() if (root / path).read_text(encoding="utf-8") != text]
+    return [path for path, text in fresh(root).items()
+            if not (root / path).exists() or (root / path).read_text(encoding="utf-8") != text]
 
 
 def write(root: Path) -> list[str]:

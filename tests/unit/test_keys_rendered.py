@@ -5,6 +5,8 @@ dataclass defaults."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ from slurm_elastic.agent.config import AgentConfig
 from slurm_elastic.controller.config import CONTROLLER_KEYS, ControllerConfig, parse_controller_config
 from slurm_elastic.directives.options import BY_FIELD
 from slurm_elastic.directives.spec import ElasticSpec
-from slurm_elastic.keydocs import RENDERINGS, Rendering, fresh, stale
+from slurm_elastic.keydocs import RENDERINGS, Rendering, fresh, render_range_vectors, stale
 from slurm_elastic.keyschema import JOB_KEYS, Key, Kind
 from slurm_elastic.policy.schema import BY_NAME
 
@@ -26,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_every_committed_rendering_is_fresh() -> None:
     assert stale(REPO) == [], "run scripts/render-keys"
     assert {r.path for r in RENDERINGS} == {"docs/policy.md", "docs/directives.md", "docs/configuration-keys.md",
-                                            "plugins/job_submit.lua"}
+                                            "plugins/job_submit.lua", "tests/vectors/key_ranges.json"}
 
 
 def test_a_changed_declaration_makes_the_rendering_stale(tmp_path: Path) -> None:
@@ -89,3 +91,27 @@ def test_units_and_ranges_render() -> None:
     assert JOB_KEYS["step"].unit_text == "nodes" and JOB_KEYS["window_s"].range_text() == "10..86400"
     assert Key(Kind.FLOAT, 0.5, "d", 0, 1).range_text() == "0.0..1.0"
     assert Key(Kind.NUMBER, 5.0, "d", 0.05).range_text() == ">= 0.05"
+
+
+def _run_lua(interpreter: str, plugin: Path) -> subprocess.CompletedProcess[str]:
+    lua = shutil.which(interpreter)
+    assert lua, f"{interpreter} not found: run scripts/bootstrap (Debian package {interpreter})"
+    return subprocess.run([lua, "run_vectors.lua", str(plugin), str(REPO / "tests" / "vectors" / "key_ranges.json")],
+                          capture_output=True, text=True, timeout=120, check=False, cwd=REPO / "tests" / "lua")
+
+
+@pytest.mark.parametrize("interpreter", ["lua5.1", "lua5.3"])
+def test_the_plugin_takes_exactly_the_declared_ranges(interpreter: str) -> None:
+    proc = _run_lua(interpreter, REPO / "plugins" / "job_submit.lua")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert len(json.loads(proc.stdout)["results"]) == len(json.loads(render_range_vectors())["cases"]) > 30
+
+
+def test_a_plugin_with_another_range_fails_the_range_vectors(tmp_path: Path) -> None:
+    text = (REPO / "plugins" / "job_submit.lua").read_text()
+    wrong = tmp_path / "job_submit.lua"
+    wrong.write_text(text.replace('field = "window_s", kind = "duration", default = 600, lo = 10, hi = 86400',
+                                  'field = "window_s", kind = "duration", default = 600, lo = 10, hi = 86401', 1))
+    assert wrong.read_text() != text
+    proc = _run_lua("lua5.3", wrong)
+    assert proc.returncode == 1 and "MISMATCH: range --window 86401" in proc.stderr
