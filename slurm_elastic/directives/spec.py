@@ -292,7 +292,7 @@ def check_rules(settings: Mapping[str, Setting]) -> list[DirectiveError]:
 
     # Both thresholds given: they must make a band. One alone is combined with the site's policy for the job's
     # partition and account, which only the controller (and `slurm-elastic check --policy`) knows: the
-    # directive defaults are not the site's (the packaged band is 20..90), so they are not compared with here.
+    # option table's defaults are the packaged ones (20..90), not the site's, so they are not compared with here.
     up_s, down_s = settings.get("scale_up_above"), settings.get("scale_down_below")
     up, down = value("scale_up_above"), value("scale_down_below")
     if up_s is not None and down_s is not None and down >= up:
