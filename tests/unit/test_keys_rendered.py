@@ -115,3 +115,25 @@ def test_a_plugin_with_another_range_fails_the_range_vectors(tmp_path: Path) -> 
     assert wrong.read_text() != text
     proc = _run_lua("lua5.3", wrong)
     assert proc.returncode == 1 and "MISMATCH: range --window 86401" in proc.stderr
+
+
+def test_the_library_bench_compares_like_with_like() -> None:
+    """bench/key_schema.py's msgspec schema, built from the same declarations, takes the packaged policy and the
+    controller example and refuses what the loaders refuse (a value out of range, an unknown key)."""
+    import importlib.util
+
+    import msgspec
+
+    spec = importlib.util.spec_from_file_location("bench_key_schema", REPO / "bench" / "key_schema.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    policy, controller = bench._msgspec_types()
+    policy_data = bench.tomllib.loads(bench.render_defaults_toml())
+    controller_data = bench.tomllib.loads(bench._controller_text())
+    controller_data["agents"].pop("urls")
+    assert msgspec.convert(policy_data, policy).scale_up_above == 90
+    assert msgspec.convert(controller_data, controller).controller.interval_s == 30
+    for bad in ({**policy_data, "scale_up_above": 101}, {**policy_data, "scale_upabove": 1}):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(bad, policy)
