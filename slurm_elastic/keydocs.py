@@ -33,6 +33,13 @@ def _toml(value: Any) -> str:
     return str(value) if isinstance(value, int | float) else f'"{value}"'
 
 
+def _unit(name: str, key: Key) -> str:
+    """The declared unit, else the one the config files' naming rule gives: ``*_s`` seconds, ``*_days`` days."""
+    if key.unit_text:
+        return key.unit_text
+    return "s" if name.endswith("_s") else "days" if name.endswith("_days") else ""
+
+
 def render_config_markdown(sections: Mapping[str, Mapping[str, Key]]) -> str:
     """One table of every ``[section] key`` of a config file: kind, default, range, unit, meaning."""
     out = ["| key | type | default | range | unit | meaning |", "|---|---|---|---|---|---|"]
@@ -40,7 +47,7 @@ def render_config_markdown(sections: Mapping[str, Mapping[str, Key]]) -> str:
         head = f"[{section}] " if section else ""
         for name, key in keys.items():
             out.append(f"| `{head}{name}` | {key.kind.value} | `{_toml(key.default)}` | {key.range_text()} | "
-                       f"{key.unit_text} | {key.doc} |")
+                       f"{_unit(name, key)} | {key.doc} |")
     return "\n".join(out) + "\n"
 
 
