@@ -48,19 +48,18 @@ local HET_GROUP_OPTION = "--het-group"
 local NO_VAL = 4294967294  -- Slurm's NO_VAL: het_job_offset of an ordinary job
 local HUGE = 1000000000000  -- stands for "more than 9 digits": above every bound
 
--- The option table: must equal slurm_elastic/directives/options.py OPTIONS (a unit test compares them).
+-- option-table:begin (rendered by scripts/render-keys from slurm_elastic/directives/options.py; do not edit)
 M.OPTIONS = {
   { option = "--min-nodes", key = "min", field = "min_nodes", kind = "int", default = 1, lo = 1, hi = 65536 },
   { option = "--max-nodes", key = "max", field = "max_nodes", kind = "int", default = nil, lo = 1, hi = 65536 },
   { option = "--step", key = "step", field = "step", kind = "int", default = 1, lo = 1, hi = 65536 },
-  { option = "--scale-up-above", key = "up", field = "scale_up_above", kind = "percent", default = 80,
-    lo = 1, hi = 100 },
-  { option = "--scale-down-below", key = "down", field = "scale_down_below", kind = "percent", default = 40,
-    lo = 0, hi = 99 },
-  { option = "--window", key = "window", field = "window_s", kind = "duration", default = 600,
-    lo = 10, hi = 86400 },
-  { option = "--cooldown", key = "cooldown", field = "cooldown_s", kind = "duration", default = 300,
-    lo = 0, hi = 86400 },
+  { option = "--scale-up-above", key = "up", field = "scale_up_above", kind = "percent",
+    default = 90, lo = 1, hi = 100 },
+  { option = "--scale-down-below", key = "down", field = "scale_down_below", kind = "percent",
+    default = 20, lo = 0, hi = 99 },
+  { option = "--window", key = "window", field = "window_s", kind = "duration", default = 600, lo = 10, hi = 86400 },
+  { option = "--cooldown", key = "cooldown", field = "cooldown_s", kind = "duration",
+    default = 300, lo = 0, hi = 86400 },
   { option = "--grace", key = "grace", field = "grace_s", kind = "duration", default = 120, lo = 0, hi = 3600 },
   { option = "--signal", key = "signal", field = "signal", kind = "signal", default = "USR1" },
   { option = "--het-group", key = "het", field = "het_group", kind = "int", default = nil, lo = 0, hi = 127 },
@@ -74,6 +73,7 @@ M.OPTIONS = {
   { option = "--prewarm-timeout", key = "prewarmtimeout", field = "prewarm_timeout_s", kind = "duration",
     default = 600, lo = 1, hi = 86400 },
 }
+-- option-table:end
 
 -- Signals a job may ask for, with their Linux numbers, in the order messages list them.
 M.SIGNALS = {

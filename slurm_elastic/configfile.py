@@ -1,7 +1,8 @@
 """The config layer shared by the TOML loaders (controller.toml, mig.toml, agent.toml; the policy has its own
 table in policy/schema.py and uses :func:`suggest` and :class:`KeyLines` from here).
 
-A loader describes each table as ``{name: Key}`` (type, range, default, doc) and calls :func:`check_table`:
+A loader describes each table as ``{name: Key}`` (:class:`slurm_elastic.keyschema.Key`: kind, range, default,
+doc, unit) and calls :func:`check_table`:
 unknown keys are refused with a "did you mean" from difflib, wrong types and out-of-range values name the key,
 and every problem carries the line of the file it comes from (tomllib reports none, so :class:`KeyLines` finds
 ``key =`` inside its ``[section]`` in the text). Problems are collected, then raised together as one
@@ -23,43 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.keyschema import Key, Kind
+
+__all__ = ["Key", "Kind"]  # the one key declaration (keyschema.py), re-exported for the loaders
 
 log = logging.getLogger(__name__)
-
-Types = type | tuple[type, ...]
-
-
-@dataclass(frozen=True)
-class Key:
-    """One config key: its type(s), default (None: unset), a doc line, an optional inclusive range and an extra
-    check that returns a problem (or None) for a value of the right type."""
-
-    types: Types
-    default: Any
-    doc: str
-    lo: float | None = None
-    hi: float | None = None
-    check: Callable[[Any], str | None] | None = None
-
-    def problem(self, value: Any) -> str | None:
-        types = self.types if isinstance(self.types, tuple) else (self.types,)
-        if isinstance(value, bool) and bool not in types:
-            return f"expected {_type_name(types)}, got a boolean"
-        if not isinstance(value, types):
-            return f"wrong type {type(value).__name__} (expected {_type_name(types)})"
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
-                return f"{value} out of range {self.lo:g}..{self.hi:g}"
-        return self.check(value) if self.check is not None else None
-
-
-def _type_name(types: tuple[type, ...]) -> str:
-    if set(types) == {int, float}:
-        return "a number"
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table",
-             list: "a list"}
-    return " or ".join(names.get(t, t.__name__) for t in types)
-
 
 def suggest(name: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest known name, or ""."""
@@ -193,28 +162,28 @@ def _auth_kind(value: str) -> str | None:
 
 #: ``[agents]``: how the controller and the MIG workflow reach the node agents.
 AGENT_KEYS: dict[str, Key] = {
-    "auth": Key(str, "hmac", "how requests to the agents are authenticated: 'hmac' (key_file) or 'munge' (the "
+    "auth": Key(Kind.STR, "hmac", "how requests to the agents are authenticated: 'hmac' (key_file) or 'munge' (the "
                 "site's MUNGE key); the agents' auth must say the same", check=_auth_kind),
-    "key_file": Key(str, "/etc/slurm-elastic/agent.key", "auth = \"hmac\": shared key of the agents (mode 0600); "
+    "key_file": Key(Kind.STR, "/etc/slurm-elastic/agent.key", "auth = \"hmac\": shared key of the agents (mode 0600); "
                     "the controller refuses to start without one"),
-    "munge_socket": Key(str, "/run/munge/munge.socket.2", "auth = \"munge\": munged's socket on this host"),
-    "munge_agent_user": Key(str, "root", "auth = \"munge\": the user (name or uid) the agents run as; answers "
+    "munge_socket": Key(Kind.STR, "/run/munge/munge.socket.2", "auth = \"munge\": munged's socket on this host"),
+    "munge_agent_user": Key(Kind.STR, "root", "auth = \"munge\": the user (name or uid) the agents run as; answers "
                             "whose credential carries another uid are refused"),
-    "munge_ttl_s": Key(int, 60, "auth = \"munge\": TTL of the credentials sent to the agents (at most the "
+    "munge_ttl_s": Key(Kind.INT, 60, "auth = \"munge\": TTL of the credentials sent to the agents (at most the "
                        "agents' munge_max_ttl_s)", 1, 3600),
-    "url_template": Key(str, "http://{address}:9817", "agent URL; {node} is the Slurm node name, {address} its "
+    "url_template": Key(Kind.STR, "http://{address}:9817", "agent URL; {node} is the Slurm node name, {address} its "
                         "NodeAddr (Slurm's default NodeAddr is the node name)", check=_url_template),
-    "timeout_s": Key((int, float), None, "timeout of one agent read (default: 5 in the controller, 10 in the "
+    "timeout_s": Key(Kind.NUMBER, None, "timeout of one agent read (default: 5 in the controller, 10 in the "
                      "MIG workflow)", 0.1, 300),
-    "apply_timeout_s": Key((int, float), 600.0, "MIG workflow: timeout of one MIG apply on an agent", 1, 7200),
-    "urls": Key(dict, None, "per-node agent URLs that override url_template, e.g. { n1 = \"http://...\" }",
+    "apply_timeout_s": Key(Kind.NUMBER, 600.0, "MIG workflow: timeout of one MIG apply on an agent", 1, 7200),
+    "urls": Key(Kind.TABLE, None, "per-node agent URLs that override url_template, e.g. { n1 = \"http://...\" }",
                 check=_urls),
 }
 
 #: ``[store]``: the state DB (docs/store.md).
 STORE_KEYS: dict[str, Key] = {
-    "url": Key(str, "sqlite:////var/lib/slurm-elastic/state.db", "SQLAlchemy URL of the state DB"),
-    "table_prefix": Key(str, "", "table prefix: several stores in one shared database (tests, staging)"),
+    "url": Key(Kind.STR, "sqlite:////var/lib/slurm-elastic/state.db", "SQLAlchemy URL of the state DB"),
+    "table_prefix": Key(Kind.STR, "", "table prefix: several stores in one shared database (tests, staging)"),
 }
 
 #: Old spelling -> new spelling, accepted for one release with a warning.

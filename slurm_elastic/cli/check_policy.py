@@ -3,7 +3,8 @@
 A script may set ``--scale-up-above`` without ``--scale-down-below`` (or the reverse); the other threshold is
 then the site's, resolved for the job's partition and account as the controller resolves it. When the two do
 not make a band (down >= up), the controller holds the job with INVALID_SETTINGS and it is never resized:
-``check`` says so at check time, naming the value it compared with and where that value comes from.
+``check`` says so at check time, naming the value it compared with and where that value comes from: the policy's
+packaged default (keyschema.JOB_KEYS, the same the option table shows) or the site file's scope.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ def effective_band(spec: ElasticSpec, cfg: PolicyConfig, partition: str | None, 
         if key in spec.explicit:
             return int(getattr(spec, key)), "script"
         r = resolved[key]
+        if r.provenance.source == "default":  # say which default: the policy's packaged one, not the option table's
+            return cast(int, r.value), "packaged default"
         return cast(int, r.value), str(r.provenance)
 
     down, down_source = pick("scale_down_below")

@@ -84,12 +84,13 @@ from slurm_elastic.agent.auth import METRICS_ANONYMOUS
 from slurm_elastic.configfile import (
     AGENT_KEYS,
     STORE_KEYS,
+    Key,
+    KeyLines,
+    Kind,
     Problems,
     check_sections,
     check_table,
-    suggest,
     take_moved,
-    with_lines,
 )
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.store.engine import MYSQL_SOCKET_TIMEOUT_S
@@ -101,16 +102,123 @@ DEFAULT_CONFIG_PATH = Path("/etc/slurm-elastic/controller.toml")
 QOS_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 CONFIG_VERSION = 1
 
+_DAY = 86400
+#: ``[controller]``: the cycle and the lease.
+CONTROLLER_KEYS: dict[str, Key] = {
+    "interval_s": Key(Kind.NUMBER, 30.0, "one cycle: snapshot, collect, decide, act", 0.5, _DAY),
+    "dry_run": Key(Kind.BOOL, False, "decide and record, never call Slurm to act"),
+    "max_snapshot_age_s": Key(Kind.NUMBER, 60.0, "never act on an older Slurm snapshot", 1, _DAY),
+    "policy_file": Key(Kind.STR, None, "policy TOML used until a version is stored with `policy set` (unset: the "
+                       "packaged defaults)"),
+    "holder": Key(Kind.STR, "", "lease holder name (\"\": hostname:pid)"),
+    "lease_ttl_s": Key(Kind.NUMBER, 90.0, "the lease lapses this long after its last heartbeat", 2, _DAY),
+    "lease_stale_s": Key(Kind.NUMBER, 0.0, "heartbeat age after which another host may take the lease (0: 3 x "
+                         "interval_s, at most lease_ttl_s)", 0, _DAY),
+    "reconcile_interval_s": Key(Kind.NUMBER, 60.0, "open journal actions are reconciled with Slurm this often",
+                                1, _DAY),
+    "retention_interval_s": Key(Kind.NUMBER, 3600.0, "old rows are deleted this often ([retention])", 10, 10 * _DAY),
+    "accounting_refresh_s": Key(Kind.NUMBER, 300.0, "re-read fair-share weights (sshare) and GPU limits "
+                                "(sacctmgr) this often", 1, _DAY),
+    "hold_heartbeat_s": Key(Kind.NUMBER, 600.0, "an unchanged hold is stored again this often (0: store every "
+                            "hold, every cycle)", 0, _DAY),
+}
+_RETENTION_DEFAULTS = Retention()
+#: ``[retention]``: days to keep; 0 keeps forever (open journal actions are always kept).
+RETENTION_KEYS: dict[str, Key] = {
+    f"{name}_days": Key(Kind.INT, (getattr(_RETENTION_DEFAULTS, f"{name}_s") or 0) // _DAY, doc, 0, 36500,
+                        unit="days")
+    for name, doc in (("samples", "utilization samples"), ("decisions", "decisions"),
+                      ("actions", "terminal journal actions"), ("jobs", "ended elastic and extension jobs"),
+                      ("cycles", "cycle records"),
+                      ("demand", "serving demand history (the forecast reads the last 5 weeks)"))
+}
+
+
+def _absolute_or_empty(value: str) -> str | None:
+    return None if not value or value.startswith("/") else "must be an absolute path (or \"\" to disable the API)"
+
+
+#: ``[api]``: the local API the CLI talks to.
+API_KEYS: dict[str, Key] = {
+    "socket": Key(Kind.STR, "/run/slurm-elastic/controller.sock", "the API's Unix socket (\"\" disables it)",
+                  check=_absolute_or_empty),
+    "slurm_user": Key(Kind.STR, "slurm", "may change policy and pauses, like root"),
+    "operators_group": Key(Kind.STR, "", "members may change policy and pauses too"),
+    "users_see_all": Key(Kind.BOOL, False, "true: every user may list and explain every job"),
+}
+
+
+def _one_of(choices: tuple[str, ...]) -> Callable[[str], str | None]:
+    return lambda v: None if v in choices else f"one of {', '.join(choices)} (got {v!r})"
+
+
+def _not_empty(what: str) -> Callable[[str], str | None]:
+    return lambda v: None if v else f"must not be empty ({what})"
+
+
+#: ``[metrics]``: the controller's Prometheus /metrics.
+METRICS_KEYS: dict[str, Key] = {
+    "port": Key(Kind.INT, 9818, "TCP port of /metrics (0 disables it)", 0, 65535),
+    "address": Key(Kind.STR, "127.0.0.1", "listen address (\"0.0.0.0\": a Prometheus on another host may scrape)",
+                   check=_not_empty("127.0.0.1: this host only")),
+    "token_file": Key(Kind.STR, "", "bearer token (mode 0600) that gets the per-job series (job ids, users); "
+                      "\"\": none"),
+    "anonymous": Key(Kind.STR, "reduced", "without a token: 'reduced' (no per-job series), 'none' (401), 'all'",
+                     check=_one_of(METRICS_ANONYMOUS)),
+}
+#: ``[metrics_source]``: where per-job GPU utilization comes from (checked further in _metrics_source).
+METRICS_SOURCE_KEYS: dict[str, Key] = {
+    "kind": Key(Kind.STR, "agents", "'agents': each node's agent ([agents]); 'prometheus': PromQL on the site's "
+                "server"),
+    "url": Key(Kind.STR, "", "kind = \"prometheus\": the server's http(s) URL (its HTTP API, /api/v1/query)"),
+    "series": Key(Kind.STR, "dcgm", "'dcgm': dcgm-exporter with HPC job mapping; 'agent': the agents' "
+                  "slurm_elastic_job_* series"),
+    "window_s": Key(Kind.NUMBER, 60.0, "'dcgm': each sample's mean and max cover this range", 5, _DAY),
+    "timeout_s": Key(Kind.NUMBER, 10.0, "timeout of one query", 0.1, 300),
+    "token_file": Key(Kind.STR, "", "bearer token for the server's API, if it asks for one (\"\": none)"),
+    "node_label": Key(Kind.STR, "Hostname", "'dcgm': the node label"),
+    "job_label": Key(Kind.STR, "hpc_job", "'dcgm': the Slurm job label"),
+    "matchers": Key(Kind.STR, "", "extra label matchers for every selector, e.g. 'cluster=\"a\"'"),
+}
+
+
+def _qos_name(value: str) -> str | None:
+    if value == "" or QOS_NAME_RE.match(value):
+        return None
+    return "a Slurm QOS name (letters, digits, '_', '-', '.'; up to 64) or \"\" for the leader's QOS"
+
+
+def _env_table(value: dict[str, Any]) -> str | None:
+    return None if all(isinstance(v, str) for v in value.values()) else "must be a table of strings"
+
+
+#: ``[extension]``: the extension jobs a grow submits.
+EXTENSION_KEYS: dict[str, Key] = {
+    "env": Key(Kind.TABLE, {"PATH": "/usr/local/bin:/usr/bin:/bin"}, "environment of extension jobs (plus the "
+               "role variables)", check=_env_table),
+    "qos": Key(Kind.STR, "", "QOS of extension jobs, e.g. a preemptible \"scavenger\" (\"\": the leader's QOS)",
+               check=_qos_name),
+    "notice_grace_s": Key(Kind.NUMBER, 30.0, "a grow's resize notice: extension workers join once the job has "
+                          "checkpointed, at most this long after the submission (slurm_elastic/resize.py)", 0, 3600),
+}
+
+#: Every section of controller.toml with its keys, in the order the docs show them.
+SECTIONS: dict[str, Mapping[str, Key]] = {
+    "controller": CONTROLLER_KEYS, "store": STORE_KEYS, "agents": AGENT_KEYS, "extension": EXTENSION_KEYS,
+    "api": API_KEYS, "metrics": METRICS_KEYS, "metrics_source": METRICS_SOURCE_KEYS, "retention": RETENTION_KEYS,
+}
+
+
 
 @dataclass(frozen=True)
 class AgentsConfig:
     key_file: Path | None = None
-    auth: str = "hmac"
-    munge_socket: str = "/run/munge/munge.socket.2"
-    munge_agent_user: str = "root"
-    munge_ttl_s: int = 60
-    url_template: str = "http://{address}:9817"
-    timeout_s: float = 5.0
+    auth: str = AGENT_KEYS["auth"].default
+    munge_socket: str = AGENT_KEYS["munge_socket"].default
+    munge_agent_user: str = AGENT_KEYS["munge_agent_user"].default
+    munge_ttl_s: int = AGENT_KEYS["munge_ttl_s"].default
+    url_template: str = AGENT_KEYS["url_template"].default
+    timeout_s: float = 5.0  # AGENT_KEYS["timeout_s"]: 5 in the controller, 10 in the MIG workflow
     urls: Mapping[str, str] = field(default_factory=dict)
 
     def url_for(self, node: str, address: str | None) -> str:
@@ -121,18 +229,18 @@ class AgentsConfig:
 
 @dataclass(frozen=True)
 class ApiConfig:
-    socket: Path | None = Path("/run/slurm-elastic/controller.sock")
-    slurm_user: str = "slurm"
-    operators_group: str = ""
-    users_see_all: bool = False
+    socket: Path | None = Path(API_KEYS["socket"].default)
+    slurm_user: str = API_KEYS["slurm_user"].default
+    operators_group: str = API_KEYS["operators_group"].default
+    users_see_all: bool = API_KEYS["users_see_all"].default
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    port: int = 9818
-    address: str = "127.0.0.1"  # this host only unless opened (docs/deployment.md, "Prometheus and Grafana")
+    port: int = METRICS_KEYS["port"].default
+    address: str = METRICS_KEYS["address"].default  # this host only unless opened (docs/deployment.md)
     token_file: Path | None = None
-    anonymous: str = "reduced"  # one of agent.auth.METRICS_ANONYMOUS
+    anonymous: str = METRICS_KEYS["anonymous"].default  # one of agent.auth.METRICS_ANONYMOUS
 
 
 METRICS_SOURCE_KINDS = ("agents", "prometheus")
@@ -147,36 +255,36 @@ MATCHERS_RE = re.compile(rf"^(?:{_MATCHER}(?:,{_MATCHER})*)?\Z")
 class MetricsSourceConfig:
     """Where the controller reads per-job GPU utilization: the agents, or the site's Prometheus."""
 
-    kind: str = "agents"  # one of METRICS_SOURCE_KINDS
-    url: str = ""
-    series: str = "dcgm"  # one of PROMETHEUS_SERIES
-    window_s: float = 60.0
-    timeout_s: float = 10.0
+    kind: str = METRICS_SOURCE_KEYS["kind"].default  # one of METRICS_SOURCE_KINDS
+    url: str = METRICS_SOURCE_KEYS["url"].default
+    series: str = METRICS_SOURCE_KEYS["series"].default  # one of PROMETHEUS_SERIES
+    window_s: float = METRICS_SOURCE_KEYS["window_s"].default
+    timeout_s: float = METRICS_SOURCE_KEYS["timeout_s"].default
     token_file: Path | None = None
-    node_label: str = "Hostname"
-    job_label: str = "hpc_job"
-    matchers: str = ""
+    node_label: str = METRICS_SOURCE_KEYS["node_label"].default
+    job_label: str = METRICS_SOURCE_KEYS["job_label"].default
+    matchers: str = METRICS_SOURCE_KEYS["matchers"].default
 
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    interval_s: float = 30.0
-    dry_run: bool = False
-    max_snapshot_age_s: float = 60.0
-    db_url: str = "sqlite:////var/lib/slurm-elastic/state.db"
-    table_prefix: str = ""
+    interval_s: float = CONTROLLER_KEYS["interval_s"].default
+    dry_run: bool = CONTROLLER_KEYS["dry_run"].default
+    max_snapshot_age_s: float = CONTROLLER_KEYS["max_snapshot_age_s"].default
+    db_url: str = STORE_KEYS["url"].default
+    table_prefix: str = STORE_KEYS["table_prefix"].default
     policy_file: Path | None = None
-    holder: str = ""
-    lease_ttl_s: float = 90.0
-    lease_stale_s: float = 0.0  # 0: 3 x interval_s (at most the TTL); see controller/lease.py
-    reconcile_interval_s: float = 60.0
-    retention_interval_s: float = 3600.0
-    accounting_refresh_s: float = 300.0  # sshare weights and sacctmgr GPU limits (controller/shares.py)
-    hold_heartbeat_s: float = 600.0  # holds are stored when they change, and this often unchanged (hold_filter.py)
+    holder: str = CONTROLLER_KEYS["holder"].default
+    lease_ttl_s: float = CONTROLLER_KEYS["lease_ttl_s"].default
+    lease_stale_s: float = CONTROLLER_KEYS["lease_stale_s"].default  # 0: 3 x interval_s; see controller/lease.py
+    reconcile_interval_s: float = CONTROLLER_KEYS["reconcile_interval_s"].default
+    retention_interval_s: float = CONTROLLER_KEYS["retention_interval_s"].default
+    accounting_refresh_s: float = CONTROLLER_KEYS["accounting_refresh_s"].default  # controller/shares.py
+    hold_heartbeat_s: float = CONTROLLER_KEYS["hold_heartbeat_s"].default  # hold_filter.py
     agents: AgentsConfig = field(default_factory=AgentsConfig)
-    extension_env: Mapping[str, str] = field(default_factory=lambda: {"PATH": "/usr/local/bin:/usr/bin:/bin"})
-    extension_qos: str = ""  # "" = the leader's QOS (see docs/controller.md, "Slurm-side losses")
-    notice_grace_s: float = 30.0  # [extension] notice_grace_s: a grow's notice (controller/actuator.py)
+    extension_env: Mapping[str, str] = field(default_factory=lambda: dict(EXTENSION_KEYS["env"].default))
+    extension_qos: str = EXTENSION_KEYS["qos"].default  # "" = the leader's QOS (docs/controller.md)
+    notice_grace_s: float = EXTENSION_KEYS["notice_grace_s"].default  # a grow's notice (controller/actuator.py)
     retention: Retention = field(default_factory=Retention)
     api: ApiConfig = field(default_factory=ApiConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -200,66 +308,6 @@ class ControllerConfig:
         return min(MYSQL_SOCKET_TIMEOUT_S, self.lease_ttl_s)
 
 
-_CONTROLLER_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
-    "interval_s": ((int, float), (0.5, 86400)),
-    "dry_run": (bool, None),
-    "max_snapshot_age_s": ((int, float), (1, 86400)),
-    "policy_file": (str, None),
-    "holder": (str, None),
-    "lease_ttl_s": ((int, float), (2, 86400)),
-    "lease_stale_s": ((int, float), (0, 86400)),
-    "reconcile_interval_s": ((int, float), (1, 86400)),
-    "retention_interval_s": ((int, float), (10, 864000)),
-    "accounting_refresh_s": ((int, float), (1, 86400)),
-    "hold_heartbeat_s": ((int, float), (0, 86400)),
-}
-_RETENTION_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
-    f"{k}_days": (int, (0, 36500)) for k in ("samples", "decisions", "actions", "jobs", "cycles", "demand")
-}
-_API_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
-    "socket": (str, None),
-    "slurm_user": (str, None),
-    "operators_group": (str, None),
-    "users_see_all": (bool, None),
-}
-_METRICS_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
-    "port": (int, (0, 65535)),
-    "address": (str, None),
-    "token_file": (str, None),
-    "anonymous": (str, None),
-}
-_METRICS_SOURCE_KEYS: dict[str, tuple[type | tuple[type, ...], tuple[float, float] | None]] = {
-    "kind": (str, None),
-    "url": (str, None),
-    "series": (str, None),
-    "window_s": ((int, float), (5, 86400)),
-    "timeout_s": ((int, float), (0.1, 300)),
-    "token_file": (str, None),
-    "node_label": (str, None),
-    "job_label": (str, None),
-    "matchers": (str, None),
-}
-def _check(table: Mapping[str, Any], spec: Mapping[str, tuple[type | tuple[type, ...], tuple[float, float] | None]],
-           where: str, problems: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in spec:
-            problems.append(f"{where}.{key}: unknown key{suggest(key, spec)} (known: {', '.join(sorted(spec))})")
-            continue
-        types, bounds = spec[key]
-        if isinstance(value, bool) and types is not bool and bool not in (types if isinstance(types, tuple) else ()):
-            problems.append(f"{where}.{key}: expected a number, got a boolean")
-            continue
-        if not isinstance(value, types):
-            problems.append(f"{where}.{key}: wrong type {type(value).__name__}")
-            continue
-        if bounds is not None and isinstance(value, (int, float)) and not bounds[0] <= value <= bounds[1]:
-            problems.append(f"{where}.{key}: {value} out of range {bounds[0]:g}..{bounds[1]:g}")
-            continue
-        out[key] = value
-    return out
-
-
 def parse_controller_config(text: str, source: str = "<string>",
                             warn: Callable[[str], None] | None = None) -> ControllerConfig:
     """``warn`` gets deprecation warnings (default: logged)."""
@@ -267,134 +315,85 @@ def parse_controller_config(text: str, source: str = "<string>",
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{source}: invalid TOML: {e}") from e
-    problems: list[str] = []
+    problems = Problems(source, KeyLines(text))
     version = data.pop("version", None)
     if version != CONFIG_VERSION:
-        problems.append(f"version: must be {CONFIG_VERSION} (got {version!r})")
-    sections = {"controller", "agents", "store", "extension", "retention", "api", "metrics", "metrics_source"}
-    shared = Problems(source)  # [agents] and [store]: the layer shared with mig.toml (configfile.py)
-    check_sections(data, sections, shared)
-    take_moved(data, shared, warn)
-    ctl = _check(data.get("controller", {}), _CONTROLLER_KEYS, "controller", problems)
-    agents = check_table(data.get("agents", {}), AGENT_KEYS, "agents", shared)
-    store = check_table(data.get("store", {}), STORE_KEYS, "store", shared)
-    problems.extend(shared.items)
-    urls = agents.get("urls", {})
-    template = agents.get("url_template", AgentsConfig.url_template)
-    keep = _check(data.get("retention", {}), _RETENTION_KEYS, "retention", problems)
+        problems.add("version", f"must be {CONFIG_VERSION} (got {version!r})")
+    check_sections(data, SECTIONS, problems)
+    take_moved(data, problems, warn)
+    got = {name: check_table(data.get(name, {}), keys, name, problems) for name, keys in SECTIONS.items()}
+    ctl, agents, store, api, ext = got["controller"], got["agents"], got["store"], got["api"], got["extension"]
     if "table_prefix" in store and not PREFIX_RE.match(store["table_prefix"]):
-        problems.append("store.table_prefix: up to 16 lower-case letters, digits or '_', starting with a letter")
-    stale, ttl = ctl.get("lease_stale_s", 0), ctl.get("lease_ttl_s", ControllerConfig.lease_ttl_s)
-    if stale and (stale >= ttl or stale < ctl.get("interval_s", ControllerConfig.interval_s)):
-        problems.append(f"controller.lease_stale_s: {stale:g} must be at least interval_s (a heartbeat per cycle) "
-                        f"and below lease_ttl_s ({ttl:g}), or 0 for 3 x interval_s")
-    api = _check(data.get("api", {}), _API_KEYS, "api", problems)
-    metrics = _check(data.get("metrics", {}), _METRICS_KEYS, "metrics", problems)
-    if metrics.get("anonymous", MetricsConfig.anonymous) not in METRICS_ANONYMOUS:
-        problems.append(f"metrics.anonymous: one of {', '.join(METRICS_ANONYMOUS)} (got {metrics['anonymous']!r})")
-    if "address" in metrics and not metrics["address"]:
-        problems.append("metrics.address: must not be empty (127.0.0.1: this host only)")
-    source_cfg = _metrics_source(_check(data.get("metrics_source", {}), _METRICS_SOURCE_KEYS, "metrics_source",
-                                        problems), problems)
-    if "socket" in api and api["socket"] and not api["socket"].startswith("/"):
-        problems.append("api.socket: must be an absolute path (or \"\" to disable the API)")
-    defaults = Retention()
-
-    def days(name: str) -> int | None:
-        if f"{name}_days" not in keep:
-            return getattr(defaults, f"{name}_s")  # type: ignore[no-any-return]
-        value = int(keep[f"{name}_days"])
-        return None if value == 0 else value * 86400
-
-    ext = data.get("extension", {})
-    ext_env: dict[str, str] = {}
-    ext_qos = ""
-    notice_grace_s = ControllerConfig.notice_grace_s
-    for key, value in ext.items():
-        if key == "notice_grace_s":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
-                problems.append("extension.notice_grace_s: seconds, 0..3600")
-            else:
-                notice_grace_s = float(value)
-        elif key == "qos":
-            if not isinstance(value, str) or not (value == "" or QOS_NAME_RE.match(value)):
-                problems.append("extension.qos: a Slurm QOS name (letters, digits, '_', '-', '.'; up to 64) "
-                                "or \"\" for the leader's QOS")
-            else:
-                ext_qos = value
-        elif key != "env":
-            problems.append(f"extension.{key}: unknown key{suggest(key, ('env', 'qos', 'notice_grace_s'))} "
-                            "(known: env, qos, notice_grace_s)")
-        elif not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            problems.append("extension.env: must be a table of strings")
-        else:
-            ext_env = dict(value)
-    if problems:
-        raise ConfigError(f"{source}: " + "; ".join(with_lines(problems, text)))
-    key_file = agents.get("key_file")
+        problems.add("store.table_prefix", "up to 16 lower-case letters, digits or '_', starting with a letter")
+    ctl = {**{k: key.default for k, key in CONTROLLER_KEYS.items()}, **ctl}
+    if ctl["lease_stale_s"] and not ctl["interval_s"] <= ctl["lease_stale_s"] < ctl["lease_ttl_s"]:
+        problems.add("controller.lease_stale_s", f"{ctl['lease_stale_s']:g} must be at least interval_s (a "
+                     f"heartbeat per cycle) and below lease_ttl_s ({ctl['lease_ttl_s']:g}), or 0 for 3 x interval_s")
+    source_cfg = _metrics_source(got["metrics_source"], problems)
+    problems.raise_if_any()
+    days = {k: key.default for k, key in RETENTION_KEYS.items()} | got["retention"]
+    metrics = {k: key.default for k, key in METRICS_KEYS.items()} | got["metrics"]
     return ControllerConfig(
-        interval_s=float(ctl.get("interval_s", 30.0)),
-        dry_run=bool(ctl.get("dry_run", False)),
-        max_snapshot_age_s=float(ctl.get("max_snapshot_age_s", 60.0)),
+        interval_s=float(ctl["interval_s"]),
+        dry_run=bool(ctl["dry_run"]),
+        max_snapshot_age_s=float(ctl["max_snapshot_age_s"]),
         db_url=str(store.get("url", ControllerConfig.db_url)),
-        table_prefix=str(store.get("table_prefix", "")),
-        policy_file=Path(ctl["policy_file"]) if ctl.get("policy_file") else None,
-        holder=str(ctl.get("holder", "")),
-        lease_ttl_s=float(ctl.get("lease_ttl_s", 90.0)),
-        lease_stale_s=float(ctl.get("lease_stale_s", 0.0)),
-        reconcile_interval_s=float(ctl.get("reconcile_interval_s", 60.0)),
-        retention_interval_s=float(ctl.get("retention_interval_s", 3600.0)),
-        accounting_refresh_s=float(ctl.get("accounting_refresh_s", 300.0)),
-        hold_heartbeat_s=float(ctl.get("hold_heartbeat_s", ControllerConfig.hold_heartbeat_s)),
+        table_prefix=str(store.get("table_prefix", ControllerConfig.table_prefix)),
+        policy_file=Path(ctl["policy_file"]) if ctl["policy_file"] else None,
+        holder=str(ctl["holder"]),
+        lease_ttl_s=float(ctl["lease_ttl_s"]),
+        lease_stale_s=float(ctl["lease_stale_s"]),
+        reconcile_interval_s=float(ctl["reconcile_interval_s"]),
+        retention_interval_s=float(ctl["retention_interval_s"]),
+        accounting_refresh_s=float(ctl["accounting_refresh_s"]),
+        hold_heartbeat_s=float(ctl["hold_heartbeat_s"]),
         agents=AgentsConfig(
-            key_file=Path(key_file) if key_file else None,
+            key_file=Path(agents["key_file"]) if agents.get("key_file") else None,
             auth=str(agents.get("auth", AgentsConfig.auth)),
             munge_socket=str(agents.get("munge_socket", AgentsConfig.munge_socket)),
             munge_agent_user=str(agents.get("munge_agent_user", AgentsConfig.munge_agent_user)),
             munge_ttl_s=int(agents.get("munge_ttl_s", AgentsConfig.munge_ttl_s)),
-            url_template=template,
-            timeout_s=float(agents.get("timeout_s", 5.0)),
-            urls=dict(urls),
+            url_template=agents.get("url_template", AgentsConfig.url_template),
+            timeout_s=float(agents.get("timeout_s", AgentsConfig.timeout_s)),
+            urls=dict(agents.get("urls", {})),
         ),
-        extension_env=ext_env or {"PATH": "/usr/local/bin:/usr/bin:/bin"},
-        extension_qos=ext_qos,
-        notice_grace_s=notice_grace_s,
-        retention=Retention(samples_s=days("samples"), decisions_s=days("decisions"), actions_s=days("actions"),
-                            jobs_s=days("jobs"), cycles_s=days("cycles"), demand_s=days("demand")),
+        extension_env=dict(ext.get("env") or EXTENSION_KEYS["env"].default),
+        extension_qos=str(ext.get("qos", ControllerConfig.extension_qos)),
+        notice_grace_s=float(ext.get("notice_grace_s", ControllerConfig.notice_grace_s)),
+        retention=Retention(**{f"{k.removesuffix('_days')}_s": (v * _DAY if v else None) for k, v in days.items()}),
         api=ApiConfig(
-            socket=(Path(api["socket"]) if api["socket"] else None) if "socket" in api else ApiConfig.socket,
-            slurm_user=str(api.get("slurm_user", "slurm")),
-            operators_group=str(api.get("operators_group", "")),
-            users_see_all=bool(api.get("users_see_all", False)),
+            socket=Path(sock) if (sock := api.get("socket", API_KEYS["socket"].default)) else None,
+            slurm_user=str(api.get("slurm_user", ApiConfig.slurm_user)),
+            operators_group=str(api.get("operators_group", ApiConfig.operators_group)),
+            users_see_all=bool(api.get("users_see_all", ApiConfig.users_see_all)),
         ),
-        metrics=MetricsConfig(port=int(metrics.get("port", MetricsConfig.port)),
-                              address=str(metrics.get("address", MetricsConfig.address)),
-                              token_file=Path(metrics["token_file"]) if metrics.get("token_file") else None,
-                              anonymous=str(metrics.get("anonymous", MetricsConfig.anonymous))),
+        metrics=MetricsConfig(port=int(metrics["port"]), address=str(metrics["address"]),
+                              token_file=Path(metrics["token_file"]) if metrics["token_file"] else None,
+                              anonymous=str(metrics["anonymous"])),
         metrics_source=source_cfg,
         source=source,
     )
 
 
-def _metrics_source(raw: Mapping[str, Any], problems: list[str]) -> MetricsSourceConfig:
+def _metrics_source(raw: Mapping[str, Any], problems: Problems) -> MetricsSourceConfig:
     """[metrics_source], checked beyond types: a known kind and series, a URL for Prometheus, label names and
     matchers that can only ever be label names and matchers inside the PromQL the controller builds."""
     d = MetricsSourceConfig()
     kind, series = raw.get("kind", d.kind), raw.get("series", d.series)
     if kind not in METRICS_SOURCE_KINDS:
-        problems.append(f"metrics_source.kind: one of {', '.join(METRICS_SOURCE_KINDS)} (got {kind!r})")
+        problems.add("metrics_source.kind", f"one of {', '.join(METRICS_SOURCE_KINDS)} (got {kind!r})")
     if series not in PROMETHEUS_SERIES:
-        problems.append(f"metrics_source.series: one of {', '.join(PROMETHEUS_SERIES)} (got {series!r})")
+        problems.add("metrics_source.series", f"one of {', '.join(PROMETHEUS_SERIES)} (got {series!r})")
     url = str(raw.get("url", "")).rstrip("/")
     if kind == "prometheus" and not url.startswith(("http://", "https://")):
-        problems.append("metrics_source.url: the Prometheus server's http(s) URL is required with kind = "
-                        "\"prometheus\" (e.g. \"http://prometheus:9090\")")
+        problems.add("metrics_source.url", "the Prometheus server's http(s) URL is required with kind = "
+                     "\"prometheus\" (e.g. \"http://prometheus:9090\")")
     for key in ("node_label", "job_label"):
         if key in raw and not LABEL_NAME_RE.match(raw[key]):
-            problems.append(f"metrics_source.{key}: a Prometheus label name (letters, digits, '_'), got {raw[key]!r}")
+            problems.add(f"metrics_source.{key}", f"a Prometheus label name (letters, digits, '_'), got {raw[key]!r}")
     if "matchers" in raw and not MATCHERS_RE.match(raw["matchers"]):
-        problems.append(f"metrics_source.matchers: label matchers such as 'cluster=\"a\", rack=~\"r1.*\"', "
-                        f"got {raw['matchers']!r}")
+        problems.add("metrics_source.matchers", f"label matchers such as 'cluster=\"a\", rack=~\"r1.*\"', "
+                     f"got {raw['matchers']!r}")
     return MetricsSourceConfig(
         kind=str(kind), url=url, series=str(series), window_s=float(raw.get("window_s", d.window_s)),
         timeout_s=float(raw.get("timeout_s", d.timeout_s)),

@@ -1,15 +1,18 @@
-"""The ``#ELASTIC`` options as data: name, type, default and allowed range, one row each.
+"""The ``#ELASTIC`` options as data: spelling, normalized key, spec field and one :class:`~slurm_elastic.keyschema.Key`
+each (kind, default, allowed range, doc).
 
 This table is the single source of truth for the grammar. The parser, the normalizer, ``slurm-elastic check``
-and docs/directives.md all follow it; plugins/job_submit.lua carries a copy that a unit test compares with
-this one (tests/unit/directives/test_lua_vectors.py), so the two can not drift apart silently.
+and docs/directives.md all follow it; plugins/job_submit.lua's option table is rendered
+from it by scripts/render-keys, and unit tests compare the two (tests/unit/test_keys_rendered.py,
+tests/unit/test_directives_lua.py), so they can not drift apart silently.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from slurm_elastic.keyschema import JOB_KEYS, MAX_NODES, Key, Kind
 
 #: Version tag of the normalized form (``elastic:v1 ...``). Bump it when the meaning of a key changes.
 FORMAT_VERSION = "v1"
@@ -20,34 +23,47 @@ MAX_DIRECTIVE_LINES = 128  # more #ELASTIC lines than this: error, and reading s
 MAX_ERRORS = 20  # after this many errors one "too many errors" error is added and reading stops
 MAX_WARNINGS = 10  # further warnings are dropped
 MAX_HET_GROUP = 127  # Slurm allows at most 128 components in a heterogeneous job
-MAX_NODES = 65536
 MAX_COMMAND_BYTES = 256  # a --prewarm command (stored hex-encoded in the normalized form)
 
 
-class OptionKind(enum.Enum):
-    """How an option's value is written and checked."""
-
-    INT = "int"  # decimal digits
-    PERCENT = "percent"  # decimal digits, an optional trailing '%'
-    DURATION = "duration"  # see values.parse_duration
-    SIGNAL = "signal"  # a name (USR1, SIGUSR1, usr1) or its Linux number
-    FLAG = "flag"  # no value: writing it sets the opposite of the default
-    MILLIS = "millis"  # a latency: 50ms, 50 (milliseconds) or 2s
-    COMMAND = "command"  # a command line, usually quoted (directives/words.py); lo..hi bytes
+#: How an option's value is written and checked: the one :class:`~slurm_elastic.keyschema.Kind` (INT: decimal
+#: digits; PERCENT: an optional trailing '%'; DURATION: see values.parse_duration; SIGNAL: a name or its Linux
+#: number; FLAG: no value; MILLIS: 50ms, 50 or 2s; COMMAND: a command line, lo..hi bytes).
+OptionKind = Kind
 
 
 @dataclass(frozen=True)
 class OptionDef:
-    """One ``#ELASTIC`` option."""
+    """One ``#ELASTIC`` option: its spelling, its key in the normalized form, the ElasticSpec field, and its
+    :class:`~slurm_elastic.keyschema.Key` (kind, default, inclusive range, doc). The keys a site's policy also
+    sets are the very ``JOB_KEYS`` declarations the policy uses, with the policy's packaged defaults."""
 
     option: str  # as written in a script: "--min-nodes"
     key: str  # key in the normalized form: "min"
     field: str  # ElasticSpec attribute: "min_nodes"
-    kind: OptionKind
-    default: int | str | bool | None  # None: no built-in default (see doc)
-    lo: int | None  # inclusive bounds for INT, PERCENT (percent), DURATION (seconds) and MILLIS (ms)
-    hi: int | None
-    doc: str
+    decl: Key
+
+    @property
+    def kind(self) -> Kind:
+        return self.decl.kind
+
+    @property
+    def default(self) -> int | str | bool | None:
+        """None: no built-in default (see doc)."""
+        return self.decl.default  # type: ignore[no-any-return]
+
+    @property
+    def lo(self) -> int | None:
+        """Inclusive bounds for INT, PERCENT (percent), DURATION (seconds), MILLIS (ms), COMMAND (bytes)."""
+        return None if self.decl.lo is None else int(self.decl.lo)
+
+    @property
+    def hi(self) -> int | None:
+        return None if self.decl.hi is None else int(self.decl.hi)
+
+    @property
+    def doc(self) -> str:
+        return self.decl.doc
 
 
 #: Signals a job may ask for as its warning before nodes are taken away, with their Linux numbers.
@@ -70,44 +86,39 @@ UNCATCHABLE_SIGNALS: Mapping[str, int] = {"KILL": 9, "STOP": 19}
 HET_GROUP_OPTION = "--het-group"
 
 OPTIONS: tuple[OptionDef, ...] = (
-    OptionDef("--min-nodes", "min", "min_nodes", OptionKind.INT, 1, 1, MAX_NODES,
-              "fewest nodes the job is shrunk to"),
-    OptionDef("--max-nodes", "max", "max_nodes", OptionKind.INT, None, 1, MAX_NODES,
-              "most nodes the job is grown to; must be >= --min-nodes; unset: the node count the job was "
-              "submitted with"),
-    OptionDef("--step", "step", "step", OptionKind.INT, 1, 1, MAX_NODES,
-              "nodes added or removed by one resize"),
-    OptionDef("--scale-up-above", "up", "scale_up_above", OptionKind.PERCENT, 80, 1, 100,
-              "grow when GPU utilization stays above this percentage for the window; must be above "
-              "--scale-down-below"),
-    OptionDef("--scale-down-below", "down", "scale_down_below", OptionKind.PERCENT, 40, 0, 99,
-              "shrink when GPU utilization stays below this percentage for the window"),
-    OptionDef("--window", "window", "window_s", OptionKind.DURATION, 600, 10, 86400,
-              "how long utilization must stay beyond a threshold before the job is resized"),
-    OptionDef("--cooldown", "cooldown", "cooldown_s", OptionKind.DURATION, 300, 0, 86400,
-              "no further resize for this long after one"),
-    OptionDef("--grace", "grace", "grace_s", OptionKind.DURATION, 120, 0, 3600,
-              "time between the warning signal and taking nodes away (for a checkpoint)"),
-    OptionDef("--signal", "signal", "signal", OptionKind.SIGNAL, "USR1", None, None,
-              "signal sent to the job before nodes are taken away"),
-    OptionDef(HET_GROUP_OPTION, "het", "het_group", OptionKind.INT, None, 0, MAX_HET_GROUP,
-              "the options on this line apply to this component of a heterogeneous job"),
-    OptionDef("--no-grow", "grow", "grow", OptionKind.FLAG, True, None, None,
-              "never grow the job"),
-    OptionDef("--no-shrink", "shrink", "shrink", OptionKind.FLAG, True, None, None,
-              "never shrink the job"),
-    OptionDef("--serving", "serving", "serving", OptionKind.FLAG, False, None, None,
-              "the job serves requests: one replica per node, scaled on its load and latency "
-              "(docs/serving.md); needs --slo-p99 and/or --target-rps-per-replica"),
-    OptionDef("--slo-p99", "slo", "slo_p99_ms", OptionKind.MILLIS, None, 1, 600000,
-              "serving objective: 99th percentile request latency the job must stay under; needs --serving"),
-    OptionDef("--target-rps-per-replica", "rps", "target_rps_per_replica", OptionKind.INT, None, 1, 10000000,
-              "serving objective: requests per second one replica should carry; needs --serving"),
-    OptionDef("--prewarm", "prewarm", "prewarm", OptionKind.COMMAND, None, 1, MAX_COMMAND_BYTES,
-              "command an extension job runs on each of its new nodes before they join (stage data, load the "
-              "model); quoted like a shell word, run without a shell as the job's user (docs/power-saving.md)"),
-    OptionDef("--prewarm-timeout", "prewarmtimeout", "prewarm_timeout_s", OptionKind.DURATION, 600, 1, 86400,
-              "a --prewarm command still running after this long fails the grow; needs --prewarm"),
+    OptionDef("--min-nodes", "min", "min_nodes", Key(Kind.INT, 1, "fewest nodes the job is shrunk to", 1, MAX_NODES,
+                                                     unit="nodes")),
+    OptionDef("--max-nodes", "max", "max_nodes", Key(
+        Kind.INT, None, "most nodes the job is grown to; must be >= --min-nodes; unset: the node count the job was "
+        "submitted with", 1, MAX_NODES, unit="nodes")),
+    OptionDef("--step", "step", "step", JOB_KEYS["step"]),
+    OptionDef("--scale-up-above", "up", "scale_up_above", JOB_KEYS["scale_up_above"]),
+    OptionDef("--scale-down-below", "down", "scale_down_below", JOB_KEYS["scale_down_below"]),
+    OptionDef("--window", "window", "window_s", JOB_KEYS["window_s"]),
+    OptionDef("--cooldown", "cooldown", "cooldown_s", JOB_KEYS["cooldown_s"]),
+    OptionDef("--grace", "grace", "grace_s", JOB_KEYS["grace_s"]),
+    OptionDef("--signal", "signal", "signal", JOB_KEYS["signal"]),
+    OptionDef(HET_GROUP_OPTION, "het", "het_group", Key(
+        Kind.INT, None, "the options on this line apply to this component of a heterogeneous job", 0,
+        MAX_HET_GROUP)),
+    OptionDef("--no-grow", "grow", "grow", Key(Kind.FLAG, True, "never grow the job")),
+    OptionDef("--no-shrink", "shrink", "shrink", Key(Kind.FLAG, True, "never shrink the job")),
+    OptionDef("--serving", "serving", "serving", Key(
+        Kind.FLAG, False, "the job serves requests: one replica per node, scaled on its load and latency "
+        "(docs/serving.md); needs --slo-p99 and/or --target-rps-per-replica")),
+    OptionDef("--slo-p99", "slo", "slo_p99_ms", Key(
+        Kind.MILLIS, None, "serving objective: 99th percentile request latency the job must stay under; needs "
+        "--serving", 1, 600000)),
+    OptionDef("--target-rps-per-replica", "rps", "target_rps_per_replica", Key(
+        Kind.INT, None, "serving objective: requests per second one replica should carry; needs --serving", 1,
+        10000000, unit="requests/s")),
+    OptionDef("--prewarm", "prewarm", "prewarm", Key(
+        Kind.COMMAND, None, "command an extension job runs on each of its new nodes before they join (stage data, "
+        "load the model); quoted like a shell word, run without a shell as the job's user (docs/power-saving.md)",
+        1, MAX_COMMAND_BYTES, unit="bytes")),
+    OptionDef("--prewarm-timeout", "prewarmtimeout", "prewarm_timeout_s", Key(
+        Kind.DURATION, 600, "a --prewarm command still running after this long fails the grow; needs --prewarm",
+        1, 86400)),
 )
 
 BY_OPTION: Mapping[str, OptionDef] = {o.option: o for o in OPTIONS}

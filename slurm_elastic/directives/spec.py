@@ -32,13 +32,13 @@ from slurm_elastic.directives.options import (
     BY_KEY,
     FORMAT_VERSION,
     MAX_HET_GROUP,
-    MAX_NODES,
     SETTINGS,
     SIGNALS,
     OptionKind,
 )
 from slurm_elastic.directives.values import InvalidValue, check_command
 from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.keyschema import MAX_NODES
 
 FORMAT_TAG = f"elastic:{FORMAT_VERSION}"
 
@@ -93,33 +93,39 @@ class SpecFormatError(SpecError):
     """Text that is not a valid normalized spec (``elastic:v1 ...``)."""
 
 
+def _default(field: str) -> Any:
+    """The option table's default of ``field`` (for the keys a policy also sets: the policy's packaged default)."""
+    return BY_FIELD[field].default
+
+
 @dataclass(frozen=True)
 class ElasticSpec:
     """The elastic behaviour of one job, or of one component of a heterogeneous job; every field resolved.
 
     ``explicit`` names the fields (attribute names) that a directive set; every other field holds the
-    built-in default from :data:`slurm_elastic.directives.options.OPTIONS`, which a site policy may replace
+    built-in default from :data:`slurm_elastic.directives.options.OPTIONS` (the policy's packaged default for the
+    keys a policy also sets), which a site policy may replace
     with :meth:`with_defaults`. ``max_nodes`` is None when no directive set it: it then means "the node count
     the job was submitted with", which only the controller knows.
     """
 
     het_group: int | None = None
-    min_nodes: int = 1
+    min_nodes: int = _default("min_nodes")
     max_nodes: int | None = None
-    step: int = 1
-    scale_up_above: int = 80
-    scale_down_below: int = 40
-    window_s: int = 600
-    cooldown_s: int = 300
-    grace_s: int = 120
-    signal: str = "USR1"
-    grow: bool = True
-    shrink: bool = True
-    serving: bool = False
+    step: int = _default("step")
+    scale_up_above: int = _default("scale_up_above")
+    scale_down_below: int = _default("scale_down_below")
+    window_s: int = _default("window_s")
+    cooldown_s: int = _default("cooldown_s")
+    grace_s: int = _default("grace_s")
+    signal: str = _default("signal")
+    grow: bool = _default("grow")
+    shrink: bool = _default("shrink")
+    serving: bool = _default("serving")
     slo_p99_ms: int | None = None
     target_rps_per_replica: int | None = None
     prewarm: str | None = None
-    prewarm_timeout_s: int = 600
+    prewarm_timeout_s: int = _default("prewarm_timeout_s")
     explicit: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -286,7 +292,7 @@ def check_rules(settings: Mapping[str, Setting]) -> list[DirectiveError]:
 
     # Both thresholds given: they must make a band. One alone is combined with the site's policy for the job's
     # partition and account, which only the controller (and `slurm-elastic check --policy`) knows: the
-    # directive defaults are not the site's (the packaged band is 20..90), so they are not compared with here.
+    # option table's defaults are the packaged ones (20..90), not the site's, so they are not compared with here.
     up_s, down_s = settings.get("scale_up_above"), settings.get("scale_down_below")
     up, down = value("scale_up_above"), value("scale_down_below")
     if up_s is not None and down_s is not None and down >= up:

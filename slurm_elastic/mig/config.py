@@ -40,6 +40,7 @@ from slurm_elastic.configfile import (
     STORE_KEYS,
     Key,
     KeyLines,
+    Kind,
     Problems,
     check_sections,
     check_table,
@@ -56,29 +57,30 @@ CONFIG_ENV = "SLURM_ELASTIC_MIG_CONFIG"
 _APPLY_MODES = ("restart", "reconfigure")
 
 MIG_KEYS: dict[str, Key] = {
-    "slurm_conf": Key(str, None, "slurm.conf whose NodeName= Gres= the workflow rewrites (default: $SLURM_CONF, "
+    "slurm_conf": Key(Kind.STR, None, "slurm.conf whose NodeName= Gres= the workflow rewrites (default: $SLURM_CONF, "
                       "else /etc/slurm/slurm.conf)"),
-    "gres_conf": Key(str, None, "gres.conf whose gpu/mps lines the workflow rewrites per node (default: beside "
+    "gres_conf": Key(Kind.STR, None, "gres.conf whose gpu/mps lines the workflow rewrites per node (default: beside "
                      "slurm_conf)"),
-    "device_files": Key(str, "nvidia-caps", "'nvidia-caps' (real MIG nodes) or an absolute device file template "
+    "device_files": Key(Kind.STR, "nvidia-caps", "'nvidia-caps' (real MIG nodes) or an absolute device file template "
                         "with {node} {gpu} {ordinal} {gi} {ci}",
                         check=lambda v: None if v == "nvidia-caps" or v.startswith("/")
                         else "'nvidia-caps' or an absolute path template"),
-    "mps_per_gpu": Key(int, 0, "gres/mps count per whole GPU written with the GPU lines (0: none)", 0, 100000),
-    "autodetect_off": Key(bool, False, "write 'NodeName=<node> AutoDetect=off' first (sites with AutoDetect=nvml)"),
-    "whole_gpu_type": Key(str, None, "Slurm type of whole GPUs whose model has none in the catalog"),
-    "apply_mode": Key(str, "restart", "'restart' (slurmd + slurmctld, measured necessary on 22.05) or "
+    "mps_per_gpu": Key(Kind.INT, 0, "gres/mps count per whole GPU written with the GPU lines (0: none)", 0, 100000),
+    "autodetect_off": Key(Kind.BOOL, False, "write 'NodeName=<node> AutoDetect=off' first (sites with "
+                          "AutoDetect=nvml)"),
+    "whole_gpu_type": Key(Kind.STR, None, "Slurm type of whole GPUs whose model has none in the catalog"),
+    "apply_mode": Key(Kind.STR, "restart", "'restart' (slurmd + slurmctld, measured necessary on 22.05) or "
                       "'reconfigure'", check=lambda v: None if v in _APPLY_MODES else "must be 'restart' or "
                       "'reconfigure'"),
-    "reconfigure_after_restart": Key(bool, True, "scontrol reconfigure after the restarts (other slurmd re-read "
+    "reconfigure_after_restart": Key(Kind.BOOL, True, "scontrol reconfigure after the restarts (other slurmd re-read "
                                      "slurm.conf)"),
-    "wait_timeout_s": Key((int, float), 3600.0, "longest wait for the node's jobs to end; then the workflow aborts",
+    "wait_timeout_s": Key(Kind.NUMBER, 3600.0, "longest wait for the node's jobs to end; then the workflow aborts",
                           0, 30 * 86400),
-    "verify_timeout_s": Key((int, float), 120.0, "longest wait for the agent and Slurm to show the new layout",
+    "verify_timeout_s": Key(Kind.NUMBER, 120.0, "longest wait for the agent and Slurm to show the new layout",
                             1, 86400),
-    "poll_interval_s": Key((int, float), 5.0, "seconds between checks while waiting", 0.05, 3600),
-    "reason_prefix": Key(str, "slurm-elastic mig", "start of the drain reasons the workflow sets"),
-    "lock_dir": Key(str, "/run/slurm-elastic/mig-locks", "directory of the per-node lock files (one workflow "
+    "poll_interval_s": Key(Kind.NUMBER, 5.0, "seconds between checks while waiting", 0.05, 3600),
+    "reason_prefix": Key(Kind.STR, "slurm-elastic mig", "start of the drain reasons the workflow sets"),
+    "lock_dir": Key(Kind.STR, "/run/slurm-elastic/mig-locks", "directory of the per-node lock files (one workflow "
                     "process per node on this host)"),
 }
 _COMMAND_KEYS = ("slurmd_stop", "slurmd_start", "slurmctld_restart")

@@ -31,13 +31,12 @@ from slurm_elastic.policy.config import (
     Provenance,
     Resolved,
     UnitSettings,
-    config_from_mapping,
     default_config,
-    parse_config,
     resolve_unit,
 )
 from slurm_elastic.policy.decide import decide
 from slurm_elastic.policy.errors import PolicyInputError
+from slurm_elastic.policy.loader import config_from_mapping, parse_config
 from slurm_elastic.policy.model import (
     AdmitBasis,
     Decision,

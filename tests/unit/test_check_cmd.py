@@ -153,7 +153,8 @@ def test_a_threshold_alone_meets_the_packaged_band_not_the_directive_default(tmp
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines() == [
         "elastic:v1 up=30",
-        "  band 20..30%: scale_down_below 20 (default), scale_up_above 30 (script); partition train, account nlp",
+        "  band 20..30%: scale_down_below 20 (packaged default), scale_up_above 30 (script); partition train, "
+        "account nlp",
     ]
 
 
@@ -171,3 +172,14 @@ def test_a_threshold_alone_is_compared_with_the_sites_policy_for_its_partition(t
     doc = json.loads(CliRunner().invoke(main, ["check", str(script), "--policy", str(policy), "--json"]).stdout)
     assert doc["ok"] is False and doc["bands"][0]["scale_down_below.source"] == "partition train"
     assert len(doc["policy_errors"]) == 1
+
+
+def test_check_names_the_packaged_default_it_compared_with(tmp_path: Path) -> None:
+    """A threshold alone that misses the packaged band names the packaged default (90 here), not a directive
+    table default."""
+    script = _write(tmp_path, "#!/bin/bash\n#ELASTIC --scale-down-below 95\ntrap : USR1\nsrun x\n")
+    r = CliRunner().invoke(main, ["check", str(script)])
+    assert r.exit_code == 1
+    assert r.stderr.splitlines() == [
+        f"{script}: --scale-down-below: 95 is not below scale_up_above 90 (policy: packaged default) for any "
+        "partition and account: the controller would hold the job (INVALID_SETTINGS) and never resize it"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.agent.config import load_config
-from slurm_elastic.configfile import AGENT_KEYS, Key, KeyLines, Problems, check_table
+from slurm_elastic.configfile import AGENT_KEYS, Key, KeyLines, Kind, Problems, check_table
 from slurm_elastic.controller.config import parse_controller_config
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.mig.config import parse_mig_config
@@ -39,7 +39,7 @@ def test_key_lines_find_keys_in_their_section() -> None:
 
 
 def test_check_table_types_ranges_and_suggestions() -> None:
-    keys = {"timeout_s": Key((int, float), 5.0, "t", 0.1, 300), "flag": Key(bool, False, "f")}
+    keys = {"timeout_s": Key(Kind.NUMBER, 5.0, "t", 0.1, 300), "flag": Key(Kind.BOOL, False, "f")}
     problems = Problems("x.toml", KeyLines("[s]\ntimeout_s = 0\nflag = 1\ntimout_s = 2\n"))
     assert check_table({"timeout_s": 0, "flag": 1, "timout_s": 2}, keys, "s", problems) == {}
     assert problems.items == ["line 2: s.timeout_s: 0 out of range 0.1..300",

@@ -120,7 +120,7 @@ def test_spec_from_a_script_knows_what_was_explicit() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [{"min_nodes": 0}, {"min_nodes": 5, "max_nodes": 4, "explicit": frozenset({"min_nodes", "max_nodes"})},
-     {"scale_up_above": 40, "explicit": frozenset({"scale_up_above", "scale_down_below"})},
+     {"scale_up_above": 40, "scale_down_below": 40, "explicit": frozenset({"scale_up_above", "scale_down_below"})},
      {"scale_down_below": 100}, {"window_s": 5}, {"signal": "KILL"},
      {"grow": False, "shrink": False}, {"explicit": frozenset({"bogus"})}, {"het_group": 128},
      {"explicit": frozenset({"grow"})}, {"step": True}, {"max_nodes": None, "explicit": frozenset({"max_nodes"})},

@@ -19,6 +19,7 @@ ALLOWED_STDLIB = {
     "zoneinfo",  # reads the tz database: the same answer for the same config and time (windows in a site zone)
 }
 ALLOWED_PROJECT = ("slurm_elastic.policy", "slurm_elastic.slurm.model", "slurm_elastic.directives",
+                   "slurm_elastic.keyschema",  # the one key declaration: standard library only
                    "slurm_elastic.errors", "slurm_elastic.batchsize",
                    "slurm_elastic.configfile")  # the config layer's text checks: no I/O
 #: The policy's files, and the batch-size model it shares with the job library (held to the same rules).
