@@ -108,6 +108,9 @@ OPTIONS: tuple[OptionDef, ...] = (
               "model); quoted like a shell word, run without a shell as the job's user (docs/power-saving.md)"),
     OptionDef("--prewarm-timeout", "prewarmtimeout", "prewarm_timeout_s", OptionKind.DURATION, 600, 1, 86400,
               "a --prewarm command still running after this long fails the grow; needs --prewarm"),
+    OptionDef("--whole-nodes", "whole", "whole_nodes", OptionKind.FLAG, False, None, None,
+              "grow only by whole nodes, never by a few GPUs on a shared node (e.g. a job that needs NVLink "
+              "between all its GPUs; policy key gpu_granular_growth)"),
 )
 
 BY_OPTION: Mapping[str, OptionDef] = {o.option: o for o in OPTIONS}
