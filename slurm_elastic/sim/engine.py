@@ -31,7 +31,7 @@ from typing import Literal
 
 from slurm_elastic.policy.fragmentation import stranded_free
 from slurm_elastic.policy.moldable import CountedFree, MoldCandidate, plan_molds
-from slurm_elastic.sim.cluster import Allocation, Cluster
+from slurm_elastic.sim.cluster import Allocation, Cluster, shape_of
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import ElasticPolicy, ResizeOutcome, ResizeRequest
 from slurm_elastic.sim.errors import PerfModelError, SimulationError, WorkloadError
@@ -81,7 +81,7 @@ class _Job:
 
     def set_alloc(self, alloc: Allocation) -> None:
         self.alloc = alloc
-        self.shape = tuple(g for _, g in alloc)
+        self.shape = shape_of(alloc)
         self.gpus = sum(self.shape)
         self.running_view = RunningJob(self.index, self.gpus, self.run_start + self.time_limit) if alloc else None
 

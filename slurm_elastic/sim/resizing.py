@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from slurm_elastic.sim.cluster import Allocation, Cluster
+from slurm_elastic.sim.cluster import Allocation, Cluster, shape_of
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import (
     JobView,
@@ -61,7 +61,7 @@ class ElasticHook:
                     num_nodes=len(job.alloc),
                     num_gpus=job.gpus,
                     nodes=tuple(n for n, _ in job.alloc),
-                    gpus_per_node=job.shape,
+                    gpus_per_node=tuple(g for _, g in job.alloc),
                     min_nodes=job.min_nodes,
                     max_nodes=job.max_nodes,
                     gpu_util=0.0 if restarting else job.perf.utilization(job.shape, now_epoch),
@@ -162,6 +162,13 @@ class ElasticHook:
                 self._reject(req, job, "not_running", f"job is {job.state.lower()}")
                 continue
             wanted = req.target_nodes - len(job.alloc)
+            if req.gpus:  # GPU-granular: one more entry of req.gpus GPUs on a partly used node
+                node = self.cluster.partial_node(req.gpus, req.node, {n for n, _ in job.alloc}) if wanted == 1 else None
+                if node is None:
+                    self._reject(req, job, "no_free_gpus", f"no node has {req.gpus} free GPUs for +1 entry")
+                    continue
+                self._resize(req, job, job.alloc + ((node, req.gpus),))
+                continue
             free_nodes = self.cluster.whole_free_nodes()
             if len(free_nodes) < wanted:
                 self._reject(req, job, "no_free_nodes", f"needs {wanted} whole free nodes, {len(free_nodes)} free")
@@ -170,7 +177,7 @@ class ElasticHook:
             self._resize(req, job, job.alloc + extra)
 
     def _resize(self, req: ResizeRequest, job: _Job, new_alloc: Allocation) -> None:
-        new_shape = tuple(g for _, g in new_alloc)
+        new_shape = shape_of(new_alloc)
         epoch, progress = self._position(job, self.now)
         if sum(new_shape) > job.perf.max_gpus:
             self._reject(req, job, "model_range", f"{sum(new_shape)} GPUs exceeds the model's {job.perf.max_gpus}")
