@@ -96,3 +96,12 @@ def test_a_shrink_gives_the_gpus_back_by_cancelling_the_extension() -> None:
     d = _one(grown, gpu_granular_growth=True)
     assert d.action is Action.SHRINK and (d.current_nodes, d.target_nodes) == (2, 1)
     assert d.shrink is not None and d.shrink.cancel_extensions == (11,) and d.shrink.leader_keep_nodes is None
+
+
+def test_a_pending_job_that_fits_no_node_still_keeps_the_free_gpus_it_could_use() -> None:
+    # job 30 asks 2 nodes x 4 GPUs: no partly used node fits one of its nodes, but a job asking GPUs per job
+    # could start on them; the grow waits behind it (the simulator measured the difference).
+    inp = make_input([unit(job(10, nodes=("n1",)))], BUSY, other_jobs=OTHER, utils=[util(10, 95)],
+                     pending_jobs=[pending(30, count=2, gpus=4, priority=2000)])
+    d = _one(inp, gpu_granular_growth=True)
+    assert d.action is Action.HOLD and d.reason is Reason.NO_FREE_NODES
