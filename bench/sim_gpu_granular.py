@@ -3,7 +3,8 @@
 Both arms run the production policy (``slurm_elastic.policy.decide``) through the simulator's adapter with the same
 policy file; the GPU-granular arm only sets ``gpu_granular_growth = true`` on top. Every ratio is measured in this
 run: GPU-granular / whole-node average JCT on the same workload, models and seed, and the per-job columns (share of
-jobs > 1.25x and > 2x later than rigid, the worst job) against the rigid run of the same batch mode.
+jobs > 1.25x and > 2x later than rigid, the worst job) against the rigid run of the same batch mode, and the
+time-weighted mean of free GPUs on partly used nodes (what GPU-granular growth can use at most).
 Prints Markdown (docs/performance.md, "GPU-granular growth").
 
     .venv/bin/python bench/sim_gpu_granular.py [--adaptive 6] [--fixed 1-8] [--scheduler greedy]
@@ -71,7 +72,7 @@ def run(n: int, adaptive: bool, sim: SimConfig, base: dict[str, Any], set_name: 
             whole = m
         rows.append(f"| workload-{n} | {mode} | {label} | {m.avg_jct:,.0f} | {m.avg_jct / rigid.avg_jct:.2f}x | "
                     f"{vs_whole} | {m.p99_jct:,.0f} | {per.later_125 * 100:.1f}% | {per.later_2 * 100:.1f}% | "
-                    f"{per.worst:.2f}x | {m.resizes:.2f} | {took:.0f} |")
+                    f"{per.worst:.2f}x | {m.resizes:.2f} | {m.partial_free_gpus:.2f} | {took:.0f} |")
     return rows
 
 
@@ -90,8 +91,8 @@ def main() -> int:
     print(f"\n### GPU-granular vs whole-node growth, {args.nodes} x {args.gpus_per_node} GPUs, {args.scheduler} "
           f"base (policy {args.policy.name})\n")
     print("| workload | batch | plan | avg JCT (s) | vs rigid | vs whole-node | p99 JCT (s) | > 1.25x rigid | "
-          "> 2x rigid | worst job | resizes per job | sim s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "> 2x rigid | worst job | resizes per job | free GPUs on partly used nodes | sim s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in _numbers(args.adaptive):
         for row in run(n, True, sim, base, args.set_name):
             print(row, flush=True)
