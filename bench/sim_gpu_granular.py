@@ -10,7 +10,7 @@ Prints Markdown (docs/performance.md, "GPU-granular growth").
     .venv/bin/python bench/sim_gpu_granular.py [--adaptive 6] [--fixed 1-8] [--scheduler greedy]
         [--policy bench/sim-policy.toml] [--nodes 16] [--gpus-per-node 4]
 
-``--adaptive``: workloads run with every job on adaptive batch (issue 31's target: <= 0.90x on workload-6 greedy);
+``--adaptive``: workloads run with every job on adaptive batch (target: <= 0.90x whole-node on workload-6 greedy);
 ``--fixed``: workloads run at each job's fixed batch (target: no worse than whole-node on any). An empty value
 skips that part.
 """

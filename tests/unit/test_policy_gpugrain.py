@@ -59,14 +59,17 @@ def test_a_whole_free_node_still_goes_whole() -> None:
     assert d.grow is not None and d.grow.nodes == ("n4",) and d.grow.gres_per_node == (GresCount("gpu", None, 4),)
 
 
-def test_a_pending_job_of_higher_priority_that_fits_keeps_the_gpus() -> None:
-    inp = make_input([unit(job(10, nodes=("n1",)))], BUSY, other_jobs=OTHER, utils=[util(10, 95)],
-                     pending_jobs=[pending(30, gpus=2, priority=2000)])
-    d = _one(inp, gpu_granular_growth=True)
-    assert d.action is Action.HOLD and d.reason is Reason.NO_FREE_NODES
-    lower = make_input([unit(job(10, nodes=("n1",)))], BUSY, other_jobs=OTHER, utils=[util(10, 95)],
-                       pending_jobs=[pending(30, gpus=2, priority=10)])
-    assert _one(lower, gpu_granular_growth=True).action is Action.GROW
+def test_a_pending_job_that_fits_keeps_the_gpus_whatever_its_priority() -> None:
+    # Slurm's backfill would start a lower-priority job on those GPUs too.
+    for prio in (2000, 10):
+        inp = make_input([unit(job(10, nodes=("n1",)))], BUSY, other_jobs=OTHER, utils=[util(10, 95)],
+                         pending_jobs=[pending(30, gpus=2, priority=prio)])
+        d = _one(inp, gpu_granular_growth=True)
+        assert d.action is Action.HOLD and d.reason is Reason.NO_FREE_NODES
+    one = make_input([unit(job(10, nodes=("n1",)))], BUSY, other_jobs=OTHER, utils=[util(10, 95)],
+                     pending_jobs=[pending(30, gpus=1, priority=10)])
+    d = _one(one, gpu_granular_growth=True)  # the 1-GPU job leaves one of n2's two free GPUs
+    assert d.grow is not None and d.grow.gres_per_node == (GresCount("gpu", None, 1),)
 
 
 def test_never_its_own_node() -> None:
