@@ -72,6 +72,7 @@ M.OPTIONS = {
   { option = "--prewarm", key = "prewarm", field = "prewarm", kind = "command", default = nil, lo = 1, hi = 256 },
   { option = "--prewarm-timeout", key = "prewarmtimeout", field = "prewarm_timeout_s", kind = "duration",
     default = 600, lo = 1, hi = 86400 },
+  { option = "--whole-nodes", key = "whole", field = "whole_nodes", kind = "flag", default = false },
 }
 -- option-table:end
 

@@ -14,7 +14,7 @@ bob's, and a forged tag on one's own job only gets it ignored.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -24,7 +24,7 @@ from slurm_elastic.directives.spec import SpecError
 from slurm_elastic.prewarm import ENV_COMMAND as ENV_PREWARM
 from slurm_elastic.prewarm import ENV_TIMEOUT as ENV_PREWARM_TIMEOUT
 from slurm_elastic.slurm import hostlist
-from slurm_elastic.slurm.model import Job
+from slurm_elastic.slurm.model import GresCount, Job
 
 TAG = "slurm-elastic:ext"
 RDZV_PORT_BASE = 29500
@@ -106,6 +106,7 @@ def build_request(
     qos: str = "",
     notice_grace_s: float | None = None,
     prewarm: tuple[str, int] | None = None,
+    gres: Sequence[GresCount] | None = None,
 ) -> ExtensionRequest:
     """sbatch arguments and environment for an extension job of ``leader`` on exactly ``nodes``.
 
@@ -113,7 +114,8 @@ def build_request(
     means the leader's own QOS. The leader itself never runs in it. ``notice_grace_s``: how long the extension's
     launcher waits for the running workers to acknowledge their checkpoint before its own workers join.
     ``prewarm``: the job's ``--prewarm`` command and timeout (s), which the launcher runs on each new node first
-    (slurm_elastic/prewarm.py)."""
+    (slurm_elastic/prewarm.py). ``gres``: the GRES per node the grow plan gives the extension when not the
+    leader's: a GPU-granular grow (gpu_granular_growth) asks ``gpu:k`` on a node other jobs share."""
     node_list = list(nodes)
     if not node_list:
         raise ValueError("an extension job needs at least one node")
@@ -131,9 +133,9 @@ def build_request(
         args.append(f"--account={leader.account}")
     if qos or leader.qos:
         args.append(f"--qos={qos or leader.qos}")
-    gres = [str(g) for g in leader.gres_per_node]
-    if gres:
-        args.append(f"--gres={','.join(gres)}")
+    per_node = [str(g) for g in (leader.gres_per_node if gres is None else gres)]
+    if per_node:
+        args.append(f"--gres={','.join(per_node)}")
     if leader.working_dir:
         args.append(f"--chdir={leader.working_dir}")
     # Write where the leader writes (an output the owner cannot open fails the job at once); append, so that a

@@ -119,6 +119,9 @@ OPTIONS: tuple[OptionDef, ...] = (
     OptionDef("--prewarm-timeout", "prewarmtimeout", "prewarm_timeout_s", Key(
         Kind.DURATION, 600, "a --prewarm command still running after this long fails the grow; needs --prewarm",
         1, 86400)),
+    OptionDef("--whole-nodes", "whole", "whole_nodes", Key(
+        Kind.FLAG, False, "grow only by whole nodes, never by a few GPUs on a shared node (e.g. a job that needs "
+        "NVLink between all its GPUs; policy key gpu_granular_growth)")),
 )
 
 BY_OPTION: Mapping[str, OptionDef] = {o.option: o for o in OPTIONS}

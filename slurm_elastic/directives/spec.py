@@ -6,13 +6,13 @@ The normalized form is what plugins/job_submit.lua stores on the job (inside ``[
     normalized = "elastic:v1" *( " " key "=" value )
 
 - keys appear in this order, each at most once: het min max step up down window cooldown grace signal grow
-  shrink serving slo rps prewarm prewarmtimeout;
+  shrink serving slo rps prewarm prewarmtimeout whole;
 - only options the user wrote are present (defaults are left out, so that a site's policy defaults apply to
   them and ``explain`` can tell a directive from a default); ``het`` is present only for a component of a
   heterogeneous job;
 - numbers are decimal without sign or leading zeros; durations are whole seconds; the signal is its name
   without ``SIG`` (``USR1``); ``grow`` and ``shrink`` only ever appear as ``grow=0`` / ``shrink=0``,
-  ``serving`` only as ``serving=1``; ``slo`` is whole milliseconds; ``prewarm`` is the command's bytes in
+  ``serving`` and ``whole`` only as ``=1``; ``slo`` is whole milliseconds; ``prewarm`` is the command's bytes in
   upper-case hex (a command has spaces, quotes and brackets; hex keeps the form one token of ``[0-9A-F]``).
 
 Example: ``#ELASTIC --min-nodes 1 --max-nodes=3 --window 1h30m --signal SIGusr2`` normalizes to
@@ -126,6 +126,7 @@ class ElasticSpec:
     target_rps_per_replica: int | None = None
     prewarm: str | None = None
     prewarm_timeout_s: int = _default("prewarm_timeout_s")
+    whole_nodes: bool = _default("whole_nodes")
     explicit: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:

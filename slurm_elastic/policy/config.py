@@ -278,6 +278,7 @@ class UnitSettings:
     speedup_growth: bool
     moldable_start: bool
     mold_only_if_faster: bool
+    gpu_granular_growth: bool
     serving_risk_percent: int
     serving_headroom_percent: int
     serving_up_window_s: int

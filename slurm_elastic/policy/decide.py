@@ -34,6 +34,7 @@ from slurm_elastic.policy.allocator import assess
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver
 from slurm_elastic.policy.errors import PolicyInputError
 from slurm_elastic.policy.evaluate import evaluate, tail_text
+from slurm_elastic.policy.gpugrain import grow_by_gpus
 from slurm_elastic.policy.holds import hold_blocked
 from slurm_elastic.policy.model import Decision, GrowPlan, PolicyInput, ResizeRecord, ShrinkPlan
 from slurm_elastic.policy.reasons import Action, Basis, Reason
@@ -77,6 +78,7 @@ def decide(inp: PolicyInput, cfg: PolicyConfig, now: datetime) -> list[Decision]
         assess(works, ctx)
     Walk(inp, ctx, works, admit_at).run()
     decisions = [_build(w, ctx) for w in works]
+    decisions = grow_by_gpus(decisions, works, inp, ctx)  # gpu_granular_growth: refused grows by GPUs
     held = hold_blocked(_cap(decisions, cfg.max_actions_per_cycle), inp, now)
     return sorted(held, key=lambda d: d.unit_id)
 

@@ -223,6 +223,11 @@ KEYS: tuple[KeyDef, ...] = (
          "moldable start only when it pays for the job itself: a waiting job is molded only if its run at the "
          "smaller size (its time limit x request / size) ends no later than waiting for its request would "
          "(the running jobs' expected ends: start + time limit) plus its run at the request"),
+    _def("gpu_granular_growth", Kind.BOOL, False, None, None, ALL_SCOPES,
+         "GPU-granular growth: a grow that finds no whole free node takes the free GPUs of a node other jobs "
+         "partly use, up to its GPUs per node, as one extension job with --gres=gpu:k; "
+         "a shrink gives them back by cancelling it. A job with #ELASTIC --whole-nodes "
+         "keeps whole nodes"),
     # --- serving units (#ELASTIC --serving; docs/serving.md) ---------------------------------------------------
     _def("serving_risk_percent", Kind.PERCENT, 90, 1, 100, ALL_SCOPES,
          "serving: the SLO is at risk (scale out at once, SLO_AT_RISK) when the p99 latency of the short window "

@@ -15,7 +15,7 @@ Placement is GPU-granular: a job asking ``g`` GPUs may span nodes with partial u
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Literal
 
 from slurm_elastic.sim.errors import SimulationError
@@ -23,6 +23,15 @@ from slurm_elastic.sim.power import NodePower, PowerReport, PowerSaving
 
 PlacementRule = Literal["spread", "pack"]
 Allocation = tuple[tuple[int, int], ...]  # (node index, GPUs) in allocation order; the first is the batch host
+
+
+def shape_of(alloc: Allocation) -> tuple[int, ...]:
+    """GPUs per node of an allocation, in the order nodes first appear. A node may appear twice (a GPU-granular
+    grow onto the job's own node): the performance model sees the node once, with all the job's GPUs there."""
+    per_node: dict[int, int] = {}
+    for node, gpus in alloc:
+        per_node[node] = per_node.get(node, 0) + gpus
+    return tuple(per_node.values())
 
 
 class Cluster:
@@ -50,10 +59,22 @@ class Cluster:
     def whole_free_nodes(self) -> list[int]:
         return [i for i, f in enumerate(self.free) if f == self.gpus_per_node]
 
+    def partial_node(self, gpus: int, prefer: int | None, exclude: Collection[int] = ()) -> int | None:
+        """A node with at least ``gpus`` free GPUs for a GPU-granular grow, never one of ``exclude`` (the job's
+        own): ``prefer`` when it has them, else the best fit among partly used nodes (fewest free, lowest
+        index), else None."""
+        if prefer is not None and prefer not in exclude and 0 <= prefer < self.num_nodes \
+                and self.free[prefer] >= gpus:
+            return prefer
+        fits = [i for i, f in enumerate(self.free) if gpus <= f < self.gpus_per_node and i not in exclude]
+        return min(fits, key=lambda i: (self.free[i], i)) if fits else None
+
     def take(self, alloc: Allocation) -> None:
+        asked: dict[int, int] = {}
         for node, gpus in alloc:
-            if gpus < 1 or self.free[node] < gpus:
-                raise SimulationError(f"node {node} has {self.free[node]} free GPUs, cannot take {gpus}")
+            asked[node] = asked.get(node, 0) + gpus
+            if gpus < 1 or self.free[node] < asked[node]:
+                raise SimulationError(f"node {node} has {self.free[node]} free GPUs, cannot take {asked[node]}")
         self.boot_s = 0.0
         for node, gpus in alloc:
             if self.power is not None and self.free[node] == self.gpus_per_node:
@@ -62,8 +83,10 @@ class Cluster:
             self.free_total -= gpus
 
     def give_back(self, alloc: Allocation) -> None:
+        back: dict[int, int] = {}
         for node, gpus in alloc:
-            if self.free[node] + gpus > self.gpus_per_node:
+            back[node] = back.get(node, 0) + gpus
+            if self.free[node] + back[node] > self.gpus_per_node:
                 raise SimulationError(f"node {node} would have more than {self.gpus_per_node} free GPUs")
         for node, gpus in alloc:
             self.free[node] += gpus

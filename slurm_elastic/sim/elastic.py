@@ -4,7 +4,9 @@ Every scheduling cycle the engine builds a :class:`SimClusterState` and calls ``
 returns :class:`ResizeRequest` objects. The engine, not the policy, enforces the rules of a real cluster:
 
 * resizes are whole-node: a grow adds nodes whose GPUs are all free, a shrink releases all of the job's GPUs
-  on its most recently added nodes, and the first node (the batch host) is never released;
+  on its most recently added nodes, and the first node (the batch host) is never released; a GPU-granular grow
+  (``ResizeRequest.gpus``) adds one entry of that many GPUs on a partly used node the job does not hold yet,
+  and a shrink releases such an entry like any other;
 * the target must lie within the job's bounds (``min_nodes..max_nodes``) and within what the performance model
   covers; a request outside them is rejected, never clamped;
 * shrinks apply before the base scheduler runs, so the GPUs they free can admit queued jobs this cycle; grows
@@ -88,6 +90,10 @@ class ResizeRequest:
     target_nodes: int
     reason: str = ""
     time_limit_add_s: float = 0.0
+    #: A GPU-granular grow (gpu_granular_growth): the one added entry holds ``gpus`` GPUs (not a whole node) on
+    #: ``node`` when it still has them, else on the best-fitting partly used node.
+    gpus: int = 0
+    node: int | None = None
 
 
 @dataclass(frozen=True)

@@ -222,6 +222,8 @@ class _Inflight:
     sent: bool = False
     admits: tuple[AdmitBasis, ...] = ()
     time_limit_add_s: int = 0
+    gpus: int = 0  # a GPU-granular grow: GPUs of the one added entry, on node index ``node``
+    node: int | None = None
 
 
 class ProductionPolicy:
@@ -336,13 +338,14 @@ class ProductionPolicy:
         if len(new) > len(old) and new[: len(old)] == old:
             when = at(view.last_resize_time if view.last_resize_time is not None else 0.0)
             names = [node_name(n) for n in new[len(old):]]
+            per_node = max(view.gpus_per_node[len(old):], default=self.sim.gpus_per_node)  # k: GPU-granular grow
             self._next_ext += 1
             ext_job = Job(
                 job_id=self._next_ext, name=f"{view.job_id}-ext", user=view.user or USER, account=account_of(view),
                 partition=PARTITION, qos=None, priority=unit.priority, state="RUNNING", state_reason=None,
                 nodes=tuple(names), batch_host=names[0], node_count=len(names),
-                tres_per_node=f"gres:gpu:{self.sim.gpus_per_node}",
-                gres_per_node=(GresCount("gpu", None, self.sim.gpus_per_node),), time_limit_min=None,
+                tres_per_node=f"gres:gpu:{per_node}",
+                gres_per_node=(GresCount("gpu", None, per_node),), time_limit_min=None,
                 submit_time=when, start_time=when, end_time=None, comment="", admin_comment="",
             )
             unit.exts.append(_Extension(self._next_ext, names, when, ext_job))
@@ -461,14 +464,27 @@ class ProductionPolicy:
             due = now + (d.grace_s if d.action is Action.SHRINK else 0)
             add = (d.shrink.time_limit_add_s if d.shrink is not None
                    else -d.grow.time_limit_sub_s if d.grow is not None else 0)  # a grow gives back
-            self._inflight[trace_id] = _Inflight(record, d.target_nodes, due, admits=admits, time_limit_add_s=add)
+            gpus, node = _partial(d, self.sim.gpus_per_node)
+            self._inflight[trace_id] = _Inflight(record, d.target_nodes, due, admits=admits, time_limit_add_s=add,
+                                                 gpus=gpus, node=node)
         for trace_id, flight in self._inflight.items():
             if not flight.sent and flight.due <= now:
                 flight.sent = True
                 flight.due = now
                 out.append(ResizeRequest(trace_id, flight.target, flight.record.reason,
-                                         time_limit_add_s=flight.time_limit_add_s))
+                                         time_limit_add_s=flight.time_limit_add_s, gpus=flight.gpus,
+                                         node=flight.node))
         return out
+
+
+def _partial(d: Decision, gpus_per_node: int) -> tuple[int, int | None]:
+    """(GPUs, node index) of a GPU-granular grow (an extension job of fewer GPUs than a node has), else (0, None)."""
+    if d.grow is None or len(d.grow.nodes) != 1:
+        return 0, None
+    k = sum(g.count for g in d.grow.gres_per_node if g.name == "gpu")
+    if not 0 < k < gpus_per_node:
+        return 0, None
+    return k, int(d.grow.nodes[0].removeprefix("n"))
 
 
 def load_policy_config(policy_file: Path | None) -> PolicyConfig:

@@ -43,7 +43,7 @@ def test_bad_script_one_line_per_error_on_stderr(tmp_path: Path) -> None:
         f"{script}:3: --window: '5' is out of range (allowed: 10s..1d)",
         f"{script}:3: --frobnicate: unknown option (allowed: --min-nodes, --max-nodes, --step, --scale-up-above, "
         "--scale-down-below, --window, --cooldown, --grace, --signal, --het-group, --no-grow, --no-shrink, "
-        "--serving, --slo-p99, --target-rps-per-replica, --prewarm, --prewarm-timeout)",
+        "--serving, --slo-p99, --target-rps-per-replica, --prewarm, --prewarm-timeout, --whole-nodes)",
     ]
 
 

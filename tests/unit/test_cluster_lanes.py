@@ -17,7 +17,8 @@ LANES = REPO / "scripts" / "cluster-lanes.sh"
 # Files that must run on the default instance (scripts/test says why): its MariaDB database slurm_elastic, its
 # slurm.conf rewritten by the MIG workflow, the torchrun rendezvous ports derived from job ids.
 LANE1_ONLY = {"test_store_mariadb.py", "test_controller_ha.py", "test_mig_cluster.py", "test_controller_e2e.py",
-              "test_resize_templates.py", "test_adaptive_batch_cluster.py", "test_network_faults.py"}
+              "test_resize_templates.py", "test_adaptive_batch_cluster.py", "test_network_faults.py",
+              "test_gpu_granular_cluster.py"}
 FILES = {str(p.relative_to(REPO)) for p in (REPO / "tests" / "cluster").glob("test_*.py")}
 
 

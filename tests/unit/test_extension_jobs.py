@@ -47,6 +47,15 @@ def test_request_mirrors_the_leader() -> None:
     assert req.env["SLURM_ELASTIC_RDZV_ENDPOINT"] == "10.0.0.1:29542" and req.env["PATH"] == "/usr/bin"
 
 
+def test_a_gpu_granular_grow_asks_the_plans_gpus_on_a_shared_node() -> None:
+    """gpu_granular_growth: the plan's gpu:2, not the leader's gpu:4 per node (one worker per GPU it gets)."""
+    req = build_request(job(42), ["n3"], "grow:42:7:1", NOW, rendezvous="10.0.0.1:29542",
+                        gres=(GresCount("gpu", None, 2),))
+    args = dict(a.split("=", 1) for a in req.sbatch_args if "=" in a)
+    assert args["--gres"] == "gpu:2" and args["--nodes"] == "1" and args["--nodelist"] == "n3"
+    assert "--exclusive" not in req.sbatch_args
+
+
 def test_request_without_time_limit_and_no_nodes() -> None:
     req = build_request(job(1, time_limit_min=None), ["n3"], "k", NOW, rendezvous="h:1")
     assert not any(a.startswith("--time") for a in req.sbatch_args)
