@@ -15,9 +15,18 @@ from slurm_elastic.policy.shrink import Removable, removal_order
 
 if TYPE_CHECKING:
     from slurm_elastic.policy.fairness import Fairness
-    from slurm_elastic.policy.goodput_trade import NodeValue
 
 NO_ACCOUNT = "(none)"
+
+
+@dataclass(frozen=True)
+class NodeValue:
+    """What a unit's last node is worth: how many times slower it runs without it, and the seconds that costs."""
+
+    slowdown: float
+    source: str  # "goodput model", "throughput" or "utilization model"
+    loss_s: float | None  # None without a time limit
+    restart_s: float
 
 
 @dataclass
