@@ -66,6 +66,7 @@ class UnitWork:
     serving_reclaim: int = 0  # nodes reclaimed from training for this serving unit's grow
     gain_s: float | None = None  # speedup_growth: net seconds its grow saves (ranks grows among themselves)
     node_value: NodeValue | None = None  # victim_by_goodput / goodput_moves: what its last node is worth
+    grow_partition: str | None = None  # the partition a grow's extension job goes to (None: the leader's)
     move_to: int | None = None  # goodput_moves: the unit it gives a node to
     moved_from: int | None = None  # goodput_moves: the unit that gives it a node
     fairness: Fairness | None = None  # allocator: finish-time fairness (policy/fairness.py)

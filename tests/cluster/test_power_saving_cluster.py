@@ -20,6 +20,9 @@ b. n6 never boots (listed in etc/power-fail-nodes): after ResumeTimeout the cont
 c. The job's ``--prewarm`` exits 2 on n6: PREWARM_FAILED (no timeout named), the extension cancelled (it ends
    COMPLETED), and the grow backs off (GROW_BACKOFF) until the time the record names: one attempt per back-off
    period, with n6 powered down in between.
+d. A busy job submitted with ``-p train,cold`` starts in train on n1 while n2-n4 are taken: the job_submit plugin
+   kept both partitions in its admin_comment (Slurm shows the running job only train), and it grows into cold:
+   the extension job is submitted to cold, Slurm resumes n5 for it, and n5's agent reports it at 95%.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from slurm_elastic.store.records import DecisionRecord
 from tests.cluster.agents_harness import JOB_PYTHON, Agents, running_agents, wait_for
 from tests.cluster.controller_harness import controller_config, running_controller, wait_until
 from tests.cluster.harness import RELEASE, REPO, TestCluster
+from tests.cluster.test_job_submit_lua import install_plugin
 
 # Only the 22.05 cluster (docker-slurm/cluster.sh) has the power-saved nodes n5, n6.
 pytestmark = [pytest.mark.cluster,
@@ -253,3 +257,39 @@ def test_a_failing_prewarm_backs_off_and_the_node_powers_down_in_between(agents:
     wait_until("n5 and n6 powered down again", lambda: _powered_down(cluster, "n6") and _powered_down(cluster, "n5"),
                60)
     print(f"whole test {time.monotonic() - t0:.1f}s")
+
+
+def test_a_job_of_two_partitions_grows_into_the_other_one(agents: Agents, clean_cluster: TestCluster,
+                                                          tmp_path: Path) -> None:
+    cluster = clean_cluster
+    install_plugin(cluster)  # the checkout's job_submit.lua (it keeps the partition list)
+    wait_until("n5 powered down", lambda: _powered_down(cluster, "n5"), 90)
+    t0 = time.monotonic()
+    filler = cluster.submit("#!/bin/bash\nsleep 600\n", "-p", "train", "-w", "n[2-4]", "-N3", "--gres=gpu:4",
+                            "--time=10")
+    cluster.wait_state(filler, {"RUNNING"}, timeout=60)
+    job = cluster.submit(BUSY_PREWARM_SCRIPT.replace("{VGPU}", str(cluster.root / "vgpu")), "-p", "train,cold",
+                         "-w", "n1", "-N1", "--gres=gpu:2", "--time=10")
+    cluster.wait_state(job, {"RUNNING"}, timeout=60)
+    leader = cluster.job(job)
+    assert leader is not None and leader.partition == "train" and leader.nodes == ("n1",), leader
+    assert "[elastic-partitions:train,cold]" in leader.admin_comment, leader.admin_comment
+    with running_controller(cluster, controller_config(tmp_path, agents)) as ctl:
+        wait_until("a grow into cold", lambda: any(d.action == "grow" for d in ctl.decisions(job)), 90, ctl)
+        grow = next(d for d in ctl.decisions(job) if d.action == "grow")
+        assert grow.reason == "OVERUTILIZED" and grow.inputs["grow_partition"] == "cold", (grow.reason, grow.inputs)
+        assert grow.inputs["resume_nodes"] == "n5" and "for Slurm to resume: n5" in grow.message, grow.message
+
+        def ext_on_n5() -> Job | None:
+            return next((e for e in _extensions(cluster, job) if e.is_running and "n5" in e.nodes), None)
+        wait_for("the extension running on the resumed n5", ext_on_n5, 90)
+        ext = ext_on_n5()
+        assert ext is not None and ext.partition == "cold", ext
+        on_n5 = wait_for("n5's agent reporting the extension at 95%", lambda: _busy(agents, "n5", ext.job_id), 60)
+        grown_s = time.monotonic() - t0
+    cluster.cancel_all()
+    cluster.wait_state(job, {"CANCELLED", "COMPLETED"}, timeout=60)
+    cluster.run(["scontrol", "update", "NodeName=n5", "State=POWER_DOWN_FORCE"])
+    wait_until("n5 powered down again", lambda: _powered_down(cluster, "n5"), 60)
+    print(f"\njob {job} in train grew into cold: extension {ext.job_id} on n5 at {on_n5.util_last_percent}% "
+          f"after {grown_s:.1f}s; whole test {time.monotonic() - t0:.1f}s")
