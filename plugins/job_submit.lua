@@ -11,14 +11,17 @@ What it does (docs/directives.md has the details):
       - invalid directives: the job is rejected (slurm.ERROR) and every problem is shown to the user through
         slurm.log_user, one line each: "line N: --option: why (allowed: range)";
       - valid directives: the normalized spec goes into job_desc.admin_comment as a "[elastic:v1 ...]" segment
-        (replacing an earlier segment, keeping the rest of the text);
+        (replacing an earlier segment, keeping the rest of the text); a job submitted to several partitions
+        (-p train,cold) also gets "[elastic-partitions:train,cold]": Slurm shows a running job only the one it
+        runs in, and its extension jobs may use any of them;
       - no directives, or no script (salloc, srun): the job is left alone.
   * Heterogeneous jobs: slurmctld calls slurm_job_submit once per component, in order, and only component 0
     (the leader) carries the script. At component 0 the script is parsed and the specs per --het-group are
     kept; component N (N > 0) then gets the spec of "--het-group N" in its own admin_comment. A --het-group
     for a component that does not exist is ignored.
   * slurm_job_modify: when an administrator rewrites admin_comment without an elastic segment, the job's
-    existing segment is carried over ("[elastic:off]" is the way to switch elasticity off by hand).
+    existing segment is carried over ("[elastic:off]" is the way to switch elasticity off by hand), and so is
+    its partitions segment.
   * Never breaks slurmctld or submissions: everything runs under pcall; an internal error is logged and the
     job is accepted unchanged (fail open: the controller's own read of the script still applies the rules).
     Work is bounded: at most 128 #ELASTIC lines of at most 1024 bytes, 20 errors, and only the leading
@@ -743,6 +746,27 @@ function M.embed(admin_comment, body)
   end))
 end
 
+-- The partitions an elastic job was submitted to, when several (slurm_elastic/directives/admin_comment.py reads
+-- it). Only names without brackets or spaces; any earlier such segment is replaced.
+local PARTITIONS_SEGMENT = "%[elastic%-partitions:[^%[%]%s]*%]"
+
+function M.embed_partitions(admin_comment, partitions)
+  if type(partitions) ~= "string" or not find(partitions, ",", 1, true) or find(partitions, "[%[%]%s]") then
+    return admin_comment
+  end
+  local segment = "[elastic-partitions:" .. partitions .. "]"
+  if admin_comment == nil or admin_comment == "" then return segment end
+  if not find(admin_comment, PARTITIONS_SEGMENT) then return admin_comment .. " " .. segment end
+  local first = true
+  return (string.gsub(admin_comment, PARTITIONS_SEGMENT, function()
+    if first then
+      first = false
+      return segment
+    end
+    return ""
+  end))
+end
+
 function M.describe(e)
   local s = e.option .. ": " .. e.message
   if e.allowed then s = s .. " (allowed: " .. e.allowed .. ")" end
@@ -802,7 +826,8 @@ local function submit(job_desc)
     tell_user("slurm-elastic: warning: line " .. num(w.line) .. ": " .. w.message)
   end
   if spec then
-    job_desc.admin_comment = M.embed(job_desc.admin_comment, spec.normalized)
+    job_desc.admin_comment = M.embed_partitions(M.embed(job_desc.admin_comment, spec.normalized),
+      job_desc.partition)
   end
   if offset == 0 then
     local by_group = {}
@@ -816,10 +841,16 @@ end
 
 local function modify(job_desc, job_rec)
   local new = job_desc.admin_comment
-  if type(new) ~= "string" or find(new, SEGMENT) then return end
+  if type(new) ~= "string" then return end
   local old = job_rec and job_rec.admin_comment
-  local body = type(old) == "string" and M.extract(old) or nil
-  if body then job_desc.admin_comment = M.embed(new, body) end
+  if type(old) ~= "string" then return end
+  if not find(new, SEGMENT) then
+    local body = M.extract(old)
+    if body then new = M.embed(new, body) end
+  end
+  local parts = string.match(old, "%[elastic%-partitions:([^%[%]%s]*)%]")
+  if parts and not find(new, PARTITIONS_SEGMENT) then new = M.embed_partitions(new, parts) end
+  if new ~= job_desc.admin_comment then job_desc.admin_comment = new end
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)

@@ -19,11 +19,10 @@ from slurm_elastic.agent.mig_nvml import MigNotSupportedError, NvmlMigDevice
 from slurm_elastic.mig.apply import apply_node
 from slurm_elastic.mig.catalog import Catalog
 from slurm_elastic.mig.device import MigDevice, observe, report_of
-from slurm_elastic.mig.errors import GresRenderError, LayoutError, MigDeviceError
+from slurm_elastic.mig.errors import GresRenderError, LayoutError, LayoutProblem, MigDeviceError, MigRejectReason
 from slurm_elastic.mig.gres import parse_mig_minors
 from slurm_elastic.mig.model import GpuState, NodeLayout
 from slurm_elastic.mig.nvml_check import effective_model
-from slurm_elastic.mig.validate import LayoutProblem, MigRejectReason
 from slurm_elastic.mig.wire import ApplyAnswer, GpuMigReport, NodeMigReport
 
 log = logging.getLogger("slurm_elastic.agent.mig")

@@ -16,11 +16,17 @@ from typing import Any
 from slurm_elastic.api.authz import AccessPolicy, Caller, authorize, check_job_owner
 from slurm_elastic.api.lease_status import controller_state
 from slurm_elastic.api.tomltext import apply_assignments, dumps
-from slurm_elastic.controller.hold_filter import UNCHANGED_SINCE
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.agents_sql import is_powered_down
-from slurm_elastic.store.records import CycleRecord, DecisionFilter, DecisionRecord, ElasticJobRecord, PauseScope
+from slurm_elastic.store.records import (
+    UNCHANGED_SINCE,
+    CycleRecord,
+    DecisionFilter,
+    DecisionRecord,
+    ElasticJobRecord,
+    PauseScope,
+)
 
 #: (policy text, where it came from) used while no version is stored: the controller's policy_file, or defaults.
 BasePolicy = Callable[[], tuple[str, str]]
@@ -204,8 +210,8 @@ class Service:
                                                          "who": pause.who, "reason": pause.reason}}
 
     def _grow_backoff(self, job_id: int) -> dict[str, Any] | None:
-        """The job's grow back-off now (controller/backoff.py), as the next cycle's policy sees it."""
-        from slurm_elastic.controller.backoff import unit_backoff
+        """The job's grow back-off now (slurm_elastic/backoff.py), as the next cycle's policy sees it."""
+        from slurm_elastic.backoff import unit_backoff
         from slurm_elastic.policy.holds import backoff_until, describe
 
         b = unit_backoff(self.store, job_id, self.clock())

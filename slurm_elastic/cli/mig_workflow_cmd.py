@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from slurm_elastic.agent.mig_remote import HttpAgent, load_agent_auth
 from slurm_elastic.cli.mig_cmd import fail, mig_cmd
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.mig.adapters import (
@@ -27,12 +28,10 @@ from slurm_elastic.mig.adapters import (
     CliSlurm,
     CommandDaemons,
     FileNodeLock,
-    HttpAgent,
     LocalFiles,
     MigStoreJournal,
     SystemClock,
     fault_hook,
-    load_agent_auth,
     node_address,
 )
 from slurm_elastic.mig.config import MigConfig, load_mig_config

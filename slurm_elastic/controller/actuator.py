@@ -141,7 +141,7 @@ class Actuator:
             req = build_request(sized, plan.nodes, key, now,
                                 rendezvous=rendezvous_endpoint(unit, batch.address if batch else None),
                                 base_env=self.extension_env, qos=self.extension_qos, notice_grace_s=notice_s,
-                                prewarm=prewarm, gres=plan.gres_per_node)
+                                prewarm=prewarm, gres=plan.gres_per_node, partition=plan.partition)
             ext_id = self.slurm.submit_as(req.user, script, req.sbatch_args, env=req.env)
         except SlurmError as e:
             self.store.journal.mark_failed(action_id, _msg(e), transient=isinstance(e, SlurmTransientError))

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from slurm_elastic.controller.backoff import backoff_after, backoff_note, backoff_text
+from slurm_elastic.backoff import backoff_after, backoff_note, backoff_text
 from slurm_elastic.controller.goodput import FileState, Refused, read_job_file
 from slurm_elastic.controller.power import PowerTracker
 from slurm_elastic.goodput import DIR_NAME

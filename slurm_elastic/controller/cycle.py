@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from slurm_elastic.backoff import extension_ends
 from slurm_elastic.controller.actuator import Actuator, CycleContext
 from slurm_elastic.controller.admits import AdmitFollower
-from slurm_elastic.controller.backoff import extension_ends
 from slurm_elastic.controller.coldstart import ColdStarts
 from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
@@ -437,7 +437,7 @@ class Controller:
             return None
 
     def _extension_ends(self, now: datetime) -> list[ExtensionEnd]:
-        """The grows that ended within the grow back-off's look-back, failed ones marked (controller/backoff.py)."""
+        """The grows that ended within the grow back-off's look-back, failed ones marked (slurm_elastic/backoff.py)."""
         return extension_ends(self.store, now)
 
     def _history(self, actions: Sequence[ActionRecord], units: Mapping[int, ElasticUnit]) -> tuple[ResizeRecord, ...]:

@@ -107,6 +107,7 @@ def build_request(
     notice_grace_s: float | None = None,
     prewarm: tuple[str, int] | None = None,
     gres: Sequence[GresCount] | None = None,
+    partition: str | None = None,
 ) -> ExtensionRequest:
     """sbatch arguments and environment for an extension job of ``leader`` on exactly ``nodes``.
 
@@ -115,14 +116,15 @@ def build_request(
     launcher waits for the running workers to acknowledge their checkpoint before its own workers join.
     ``prewarm``: the job's ``--prewarm`` command and timeout (s), which the launcher runs on each new node first
     (slurm_elastic/prewarm.py). ``gres``: the GRES per node the grow plan gives the extension when not the
-    leader's: a GPU-granular grow (gpu_granular_growth) asks ``gpu:k`` on a node other jobs share."""
+    leader's: a GPU-granular grow (gpu_granular_growth) asks ``gpu:k`` on a node other jobs share.
+    ``partition``: the grow plan's, one of those the leader was submitted to (default: the leader's own)."""
     node_list = list(nodes)
     if not node_list:
         raise ValueError("an extension job needs at least one node")
     tag = ExtensionTag(parent=leader.job_id, key=key)
     args = [
         f"--job-name={extension_name(leader.job_id)}",
-        f"--partition={leader.partition}",
+        f"--partition={partition or leader.partition}",
         f"--nodes={len(node_list)}",
         f"--nodelist={hostlist.compress(node_list)}",
         f"--comment={tag.render()}",

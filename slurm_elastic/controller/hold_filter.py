@@ -35,7 +35,7 @@ from datetime import datetime
 
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.protocols import ControllerStore
-from slurm_elastic.store.records import DecisionRecord, FencingToken, NewDecision
+from slurm_elastic.store.records import UNCHANGED_SINCE, DecisionRecord, FencingToken, NewDecision
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,6 @@ BANDED_INPUTS: Mapping[str, float] = {
     "last_node_slowdown": EFFICIENCY_BAND,  # victim_by_goodput / goodput_moves: what the last node is worth
     "batch_efficiency_now": EFFICIENCY_BAND, "batch_efficiency_next": EFFICIENCY_BAND,  # adaptive batch size
 }
-UNCHANGED_SINCE = "unchanged_since"
 _NOT_SEEDED = object()
 
 

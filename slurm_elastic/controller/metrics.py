@@ -11,10 +11,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
@@ -27,9 +26,6 @@ from slurm_elastic.agent.errors import AuthError
 from slurm_elastic.slurm.model import Job
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.records import AgentRecord
-
-if TYPE_CHECKING:
-    from slurm_elastic.controller.cycle import Controller, CycleSummary
 
 log = logging.getLogger(__name__)
 
@@ -206,26 +202,3 @@ def serve_metrics(metrics: ControllerMetrics, access: MetricsAccess, address: st
     httpd = make_server(address, port, metrics_app(metrics, access), Server, handler_class=_QuietHandler)
     threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
     return httpd
-
-
-def observe_cycle(ctl: Controller, run: Callable[[], CycleSummary], started: datetime) -> CycleSummary:
-    """Run one cycle (``run``) and record its duration, result, lease state, GPU totals and agent staleness."""
-    m = ctl.metrics
-    t0 = time.monotonic()
-    summary = run()
-    if m is None:
-        return summary
-    m.cycles.labels("error" if summary.error else "skipped" if summary.skipped else "ok").inc()
-    m.cycle_duration.observe(time.monotonic() - t0)
-    m.last_cycle.set(time.time())
-    try:
-        lease = ctl.store.lease.get()
-        now = ctl.clock()
-        held = lease is not None and lease.holder == ctl.cfg.holder_name and lease.expires_at > now
-        m.lease(lease.epoch if held and lease is not None else None)
-        totals = ctl.store.journal.gpu_totals(since=started)
-        m.gpu_totals(totals.granted, totals.reclaimed)
-        m.agents(ctl.store.agents.list_agents(), now)
-    except StoreError as e:
-        log.warning("metrics: cannot read the store: %s", e)
-    return summary

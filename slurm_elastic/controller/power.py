@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from slurm_elastic.controller.backoff import backoff_after, backoff_note, backoff_text
+from slurm_elastic.backoff import backoff_after, backoff_note, backoff_text
 from slurm_elastic.policy import Action, ElasticUnit, PowerState, Reason
 from slurm_elastic.policy.holds import Backoff
 from slurm_elastic.policy.model import ExtensionEnd

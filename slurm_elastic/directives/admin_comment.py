@@ -8,6 +8,11 @@ The spec is one bracketed segment, ``[elastic:v1 min=1 max=3]``, anywhere in the
 - reading takes the first segment; ``[elastic:off]`` is an administrator's switch that makes the job not
   elastic (the job_submit plugin keeps the segment when an admin later rewrites the admin_comment without
   one, see slurm_job_modify).
+
+A second segment, ``[elastic-partitions:train,cold]``, keeps the partitions an elastic job was submitted to
+(``sbatch -p train,cold``) when they are several: Slurm shows a running job only the one it runs in (squeue,
+scontrol and sacct alike, measured on 22.05), and its extension jobs may use any of them
+(:func:`submitted_partitions`). The plugin writes it as it writes the spec, and keeps it on an admin's rewrite.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from slurm_elastic.directives.spec import ElasticSpec, from_normalized
 
 SEGMENT = re.compile(r"\[elastic:[^\[\]]*\]")  # no brackets inside: "[elastic: [elastic:v1]" is read right
 OFF = "elastic:off"
+PARTITIONS = re.compile(r"\[elastic-partitions:([^\[\]\s]*)\]")
 
 
 def extract(admin_comment: str | None) -> str | None:
@@ -53,3 +59,10 @@ def spec_from_admin_comment(admin_comment: str | None) -> ElasticSpec | None:
     if body is None or body == OFF:
         return None
     return from_normalized(body)
+
+
+def submitted_partitions(admin_comment: str | None) -> tuple[str, ...]:
+    """The partitions of the job's ``[elastic-partitions:a,b]`` segment in the order given, each once; () without
+    one (a job submitted to one partition, or before the plugin kept the list)."""
+    m = PARTITIONS.search(admin_comment or "")
+    return tuple(dict.fromkeys(p for p in m.group(1).split(",") if p)) if m else ()

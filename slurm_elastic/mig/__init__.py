@@ -20,16 +20,17 @@ Its modules are pure but one: they read no GPU, file or clock by themselves: dev
 - :mod:`~slurm_elastic.mig.gres_edit` / :mod:`~slurm_elastic.mig.verify` - the ``write_gres`` plan and the
   ``verify`` checks (pure)
 - :mod:`~slurm_elastic.mig.workflow` - the loop that runs the steps through the ports, journaling each
-- :mod:`~slurm_elastic.mig.adapters` - the ports' adapters (store journal, Slurm, agent HTTP, files, daemons)
+- :mod:`~slurm_elastic.mig.adapters` - the ports' adapters (store journal, Slurm, files, daemons; agent HTTP in
+  :mod:`slurm_elastic.agent.mig_remote`)
 - :mod:`~slurm_elastic.mig.plan` / :mod:`~slurm_elastic.mig.suggest` - ``mig plan`` and ``mig suggest``
 - :mod:`~slurm_elastic.mig.config` - the workflow's TOML settings (paths, commands, agents, timeouts)
 """
 
 from slurm_elastic.mig.catalog import Catalog, load_catalog
 from slurm_elastic.mig.diff import GpuDiff, diff_gpu, diff_node
-from slurm_elastic.mig.errors import LayoutError, MigError
+from slurm_elastic.mig.errors import LayoutError, LayoutProblem, MigError, MigRejectReason
 from slurm_elastic.mig.model import GpuModel, GpuState, Layout, MigInstance, MigProfile, NodeLayout, Placement
-from slurm_elastic.mig.validate import LayoutProblem, MigRejectReason, check_layout, parse_layout, plan_layout
+from slurm_elastic.mig.validate import check_layout, parse_layout, plan_layout
 
 __all__ = [
     "Catalog",

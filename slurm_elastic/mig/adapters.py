@@ -1,8 +1,8 @@
-"""The MIG workflow's adapters: the imperative shell around the ports of :mod:`slurm_elastic.mig.ports`.
+"""The MIG workflow's adapters: the imperative shell around the ports of :mod:`slurm_elastic.mig.ports`
+(the agent's, :class:`~slurm_elastic.agent.mig_remote.HttpAgent`, lives beside the agent client).
 
 * :class:`MigStoreJournal` - the store's action journal (kinds ``mig_workflow`` and ``mig_step``, job id 0);
 * :class:`CliSlurm` - Slurm through :class:`~slurm_elastic.slurm.adapter.SlurmCli`;
-* :class:`HttpAgent` - the node agent's signed ``/v1/mig`` endpoints;
 * :class:`LocalFiles` - slurm.conf / gres.conf, written atomically (temp file + rename, mode kept);
 * :class:`CommandDaemons` - the site's commands that stop/start slurmd and restart slurmctld
   (:class:`~slurm_elastic.slurm.daemons.SlurmDaemons`, its errors as workflow errors);
@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
 import os
@@ -21,16 +20,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from slurm_elastic.agent.auth import ClientAuth
-from slurm_elastic.agent.client import AgentClient, client_auth
-from slurm_elastic.agent.errors import AgentClientError, AgentRequestError
-from slurm_elastic.errors import SlurmElasticError
-from slurm_elastic.mig.config import AgentAccess, Commands
+from slurm_elastic.mig.config import Commands
 from slurm_elastic.mig.errors import InjectedFault, WorkflowBusyError, WorkflowError
-from slurm_elastic.mig.model import NodeLayout
 from slurm_elastic.mig.ports import JobOnNode, NodeStatus
 from slurm_elastic.mig.steps import Record, RecordState
-from slurm_elastic.mig.wire import NodeMigReport
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.daemons import DaemonCommandError, SlurmDaemons, daemon_runner
 from slurm_elastic.slurm.runner import CommandRunner
@@ -127,46 +120,6 @@ def node_address(node: str, cli: SlurmCli | None = None) -> str | None:
         if n.name == node:
             return n.address
     return None
-
-
-class HttpAgent:
-    """:class:`~slurm_elastic.mig.ports.AgentPort` over the agents' signed HTTP endpoints."""
-
-    def __init__(self, access: AgentAccess, key: bytes | ClientAuth,
-                 address_of: Callable[[str], str | None] | None = None) -> None:
-        self.access = access
-        self._key = key
-        self._address_of = address_of  # a node's NodeAddr, for a url_template with {address}
-
-    def _url(self, node: str) -> str:
-        address = self._address_of(node) if self._address_of is not None and self.access.needs_address else None
-        return self.access.url_for(node, address)
-
-    def report(self, node: str) -> NodeMigReport:
-        async def go() -> NodeMigReport:
-            async with AgentClient(self._key, timeout_s=self.access.timeout_s) as client:
-                return await client.mig_report(self._url(node))
-
-        try:
-            return asyncio.run(go())
-        except AgentClientError as exc:
-            raise WorkflowError(f"agent of {node}: {exc}") from exc
-
-    def apply(self, node: str, layout: NodeLayout) -> tuple[tuple[str, ...], NodeMigReport]:
-        async def go() -> tuple[tuple[str, ...], NodeMigReport]:
-            async with AgentClient(self._key, timeout_s=self.access.timeout_s) as client:
-                answer = await client.mig_apply(self._url(node), layout,
-                                                timeout_s=self.access.apply_timeout_s)
-                return answer.changes, answer.report
-
-        try:
-            return asyncio.run(go())
-        except AgentRequestError as exc:
-            done = f" (changes made: {'; '.join(exc.changes)})" if exc.changes else ""
-            raise WorkflowError(f"agent of {node} refused or failed the apply: {exc.error}: {exc.detail}{done}") \
-                from exc
-        except AgentClientError as exc:
-            raise WorkflowError(f"agent of {node}: {exc}") from exc
 
 
 class LocalFiles:
@@ -283,12 +236,3 @@ def fault_hook(spec: str | None, kill: Callable[[], None] | None = None) -> Call
                 raise InjectedFault(f"injected failure at {step} ({FAULT_ENV})")
 
     return hook
-
-
-def load_agent_auth(access: AgentAccess, source: str) -> ClientAuth:
-    """The credentials ``[agents] auth`` names (the key file's key, or MUNGE)."""
-    try:
-        return client_auth(access.auth, key_file=access.key_file, munge_socket=access.munge_socket,
-                           munge_agent_user=access.munge_agent_user, munge_ttl_s=access.munge_ttl_s, source=source)
-    except SlurmElasticError as exc:
-        raise WorkflowError(str(exc)) from exc

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from slurm_elastic.mig.errors import LayoutError
+from slurm_elastic.mig.errors import LayoutError, LayoutProblem, MigRejectReason
 from slurm_elastic.mig.model import GpuModel, GpuState, Layout, MigInstance, NodeLayout
-from slurm_elastic.mig.validate import LayoutProblem, MigRejectReason, check_layout, plan_layout, sort_instances
+from slurm_elastic.mig.validate import check_layout, plan_layout, sort_instances
 
 
 @dataclass(frozen=True)

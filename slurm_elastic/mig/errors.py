@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from enum import StrEnum
 
 from slurm_elastic.errors import ConfigError, SlurmElasticError
 
-if TYPE_CHECKING:
-    from slurm_elastic.mig.validate import LayoutProblem
+
+class MigRejectReason(StrEnum):
+    """Stable codes for why a layout is rejected. Messages may be reworded; codes may not."""
+
+    BAD_COUNT = "BAD_COUNT"
+    MIG_DISABLED_WITH_INSTANCES = "MIG_DISABLED_WITH_INSTANCES"
+    UNKNOWN_PROFILE = "UNKNOWN_PROFILE"
+    COMPUTE_SLICES = "COMPUTE_SLICES"
+    MAX_INSTANCES = "MAX_INSTANCES"
+    MEMORY_SLICES = "MEMORY_SLICES"
+    NO_PLACEMENT = "NO_PLACEMENT"
+    BAD_PLACEMENT = "BAD_PLACEMENT"
+    OVERLAP = "OVERLAP"
+
+
+@dataclass(frozen=True)
+class LayoutProblem:
+    code: MigRejectReason
+    message: str
+    profile: str | None = None
 
 
 class MigError(SlurmElasticError):

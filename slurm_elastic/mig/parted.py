@@ -31,9 +31,9 @@ from typing import Any, Literal
 import yaml
 
 from slurm_elastic.mig.catalog import Catalog, normalize_pci_device_id
-from slurm_elastic.mig.errors import PartedConfigError
+from slurm_elastic.mig.errors import LayoutProblem, MigRejectReason, PartedConfigError
 from slurm_elastic.mig.model import PROFILE_NAME_RE, GpuModel, Layout, NodeLayout, describe_counts
-from slurm_elastic.mig.validate import LayoutProblem, MigRejectReason, check_layout
+from slurm_elastic.mig.validate import check_layout
 
 PARTED_VERSION = "v1"
 _SPEC_FIELDS = ("device-filter", "devices", "mig-enabled", "mig-devices")

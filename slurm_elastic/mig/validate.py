@@ -11,33 +11,10 @@ yields the same placement, whatever order the profiles were written in.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
-from slurm_elastic.mig.errors import LayoutError
+from slurm_elastic.mig.errors import LayoutError, LayoutProblem, MigRejectReason
 from slurm_elastic.mig.model import GpuModel, Layout, MigInstance, MigProfile, Placement, describe_counts
-
-
-class MigRejectReason(StrEnum):
-    """Stable codes for why a layout is rejected. Messages may be reworded; codes may not."""
-
-    BAD_COUNT = "BAD_COUNT"
-    MIG_DISABLED_WITH_INSTANCES = "MIG_DISABLED_WITH_INSTANCES"
-    UNKNOWN_PROFILE = "UNKNOWN_PROFILE"
-    COMPUTE_SLICES = "COMPUTE_SLICES"
-    MAX_INSTANCES = "MAX_INSTANCES"
-    MEMORY_SLICES = "MEMORY_SLICES"
-    NO_PLACEMENT = "NO_PLACEMENT"
-    BAD_PLACEMENT = "BAD_PLACEMENT"
-    OVERLAP = "OVERLAP"
-
-
-@dataclass(frozen=True)
-class LayoutProblem:
-    code: MigRejectReason
-    message: str
-    profile: str | None = None
 
 
 def parse_layout(raw: Mapping[str, Any], mig_enabled: bool = True) -> Layout:

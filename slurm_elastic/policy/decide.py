@@ -174,7 +174,7 @@ def _build(w: UnitWork, ctx: Context) -> Decision:
         remaining = job.remaining_seconds(ctx.now)
         sub_s, give_back = _time_limit_giveback(w, ctx, w.current + len(w.granted))
         grow = GrowPlan(
-            nodes=tuple(w.granted), partition=job.partition, gres_per_node=job.gres_per_node,
+            nodes=tuple(w.granted), partition=w.grow_partition or job.partition, gres_per_node=job.gres_per_node,
             tres_per_node=job.tres_per_node, user=job.user, account=job.account, qos=job.qos,
             time_limit_s=None if remaining is None else max(0, int(remaining) - sub_s),
             time_limit_sub_s=sub_s, resume_nodes=tuple(w.resumed),

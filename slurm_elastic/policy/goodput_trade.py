@@ -26,24 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from slurm_elastic.batchsize import goodput_at
 from slurm_elastic.policy.config import UnitSettings
 from slurm_elastic.policy.reasons import Action, Reason
 from slurm_elastic.policy.signals import scaling, utilization_gate
 from slurm_elastic.policy.speedup import speedup_from_efficiency
-from slurm_elastic.policy.work import Context, UnitWork
-
-
-@dataclass(frozen=True)
-class NodeValue:
-    """What a unit's last node is worth: how many times slower it runs without it, and the seconds that costs."""
-
-    slowdown: float
-    source: str  # "goodput model", "throughput" or "utilization model"
-    loss_s: float | None  # None without a time limit
-    restart_s: float
+from slurm_elastic.policy.work import Context, NodeValue, UnitWork
 
 
 def model_slowdown(util_pct: float, nodes: int) -> float:

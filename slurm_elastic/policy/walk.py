@@ -26,6 +26,7 @@ from datetime import datetime
 from itertools import takewhile
 from typing import Any, Generic, TypeVar
 
+from slurm_elastic.directives.admin_comment import submitted_partitions
 from slurm_elastic.policy.allocator import VictimHeap, grow_key, victim_limit
 from slurm_elastic.policy.capacity import (
     FreeGres,
@@ -613,11 +614,29 @@ class Walk:
         w.final = reason
         w.message += f", but {why}"
 
+    def _grow_partition(self, w: UnitWork, power_resume: bool) -> str:
+        """Where the grow's extension job goes: the leader's partition when a free node of it fits, else another
+        partition the job was submitted to (``-p train,cold``, kept in its admin_comment) whose free node fits,
+        else one with a powered-down node that fits (power_resume); else the leader's (its refusal names it)."""
+        job = w.unit.job
+        others = [p for p in submitted_partitions(job.admin_comment) if p != job.partition]
+        if not others:
+            return job.partition
+        parts = (job.partition, *others)
+        for pool in (self.pool, self.cold) if power_resume else (self.pool,):
+            for part in parts:
+                if pool.count_fit(part, w.need) > 0:
+                    return part
+        return job.partition
+
     def _grant(self, w: UnitWork) -> None:
         job, pool = w.unit.job, self.pool
-        part = job.partition
         s = w.settings
         assert s is not None
+        part = self._grow_partition(w, s.power_resume)
+        if part != job.partition:
+            w.grow_partition = part
+            w.inputs["grow_partition"] = part
         fitting = pool.count_fit(part, w.need)
         cold_fit = self.cold.count_fit(part, w.need) if s.power_resume else 0
         if fitting == 0 and cold_fit == 0:

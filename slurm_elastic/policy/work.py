@@ -15,9 +15,18 @@ from slurm_elastic.policy.shrink import Removable, removal_order
 
 if TYPE_CHECKING:
     from slurm_elastic.policy.fairness import Fairness
-    from slurm_elastic.policy.goodput_trade import NodeValue
 
 NO_ACCOUNT = "(none)"
+
+
+@dataclass(frozen=True)
+class NodeValue:
+    """What a unit's last node is worth: how many times slower it runs without it, and the seconds that costs."""
+
+    slowdown: float
+    source: str  # "goodput model", "throughput" or "utilization model"
+    loss_s: float | None  # None without a time limit
+    restart_s: float
 
 
 @dataclass
@@ -57,6 +66,7 @@ class UnitWork:
     serving_reclaim: int = 0  # nodes reclaimed from training for this serving unit's grow
     gain_s: float | None = None  # speedup_growth: net seconds its grow saves (ranks grows among themselves)
     node_value: NodeValue | None = None  # victim_by_goodput / goodput_moves: what its last node is worth
+    grow_partition: str | None = None  # the partition a grow's extension job goes to (None: the leader's)
     move_to: int | None = None  # goodput_moves: the unit it gives a node to
     moved_from: int | None = None  # goodput_moves: the unit that gives it a node
     fairness: Fairness | None = None  # allocator: finish-time fairness (policy/fairness.py)

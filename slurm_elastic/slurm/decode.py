@@ -405,3 +405,15 @@ def _convert(doc: Any, kind: type[T]) -> T:
     if not isinstance(doc, dict):
         raise _Unusual
     return msgspec.convert(doc, kind)
+
+
+def parse_squeue(doc: Any) -> tuple[ReplyMeta, tuple[Job, ...]]:
+    """Parse a decoded ``squeue --json`` reply (any known version): the typed reading of this module (text
+    goes to ``read_squeue``), which hands what it does not type to :func:`~slurm_elastic.slurm.openapi.walk_squeue`."""
+    return convert_squeue(doc)
+
+
+def parse_nodes(doc: Any) -> tuple[ReplyMeta, tuple[Node, ...]]:
+    """Parse a decoded ``sinfo --json`` (22.05 ``nodes``; 23.02+ ``sinfo``) or ``scontrol show nodes --json``
+    reply: the typed reading of this module, as :func:`parse_squeue`."""
+    return convert_nodes(doc)

@@ -231,14 +231,6 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def parse_squeue(doc: Any) -> tuple[ReplyMeta, tuple[Job, ...]]:
-    """Parse a decoded ``squeue --json`` reply (any known version): the typed reading of slurm/decode.py (text
-    goes to its ``read_squeue``), which hands what it does not type to :func:`walk_squeue`."""
-    from slurm_elastic.slurm.decode import convert_squeue  # decode builds on this module
-
-    return convert_squeue(doc)
-
-
 def walk_squeue(doc: Any) -> tuple[ReplyMeta, tuple[Job, ...]]:
     """A decoded ``squeue --json`` reply read field by field: any JSON value anywhere gets a result or a
     SlurmParseError naming what is wrong (the reference the typed reading is held to)."""
@@ -328,14 +320,6 @@ def _nodes_from_sinfo_entries(entries: list[Any]) -> tuple[Node, ...]:
                 port=port,
             )
     return tuple(merged.values())
-
-
-def parse_nodes(doc: Any) -> tuple[ReplyMeta, tuple[Node, ...]]:
-    """Parse a decoded ``sinfo --json`` (22.05 ``nodes``; 23.02+ ``sinfo``) or ``scontrol show nodes --json``
-    reply: the typed reading of slurm/decode.py, as :func:`parse_squeue`."""
-    from slurm_elastic.slurm.decode import convert_nodes
-
-    return convert_nodes(doc)
 
 
 def walk_nodes(doc: Any) -> tuple[ReplyMeta, tuple[Node, ...]]:

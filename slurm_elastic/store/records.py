@@ -150,6 +150,10 @@ class NewDecision:
     dry_run: bool = False
 
 
+# A stored hold's input: since when it has been unchanged (controller/hold_filter.py writes it, views read it)
+UNCHANGED_SINCE = "unchanged_since"
+
+
 @dataclass(frozen=True)
 class DecisionRecord:
     id: int

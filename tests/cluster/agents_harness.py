@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -72,6 +72,11 @@ class Agents:
     def state(self, node: str) -> StateFile:
         return StateFile(self.cluster.root / "vgpu" / f"{node}.state")
 
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes that have an agent here (the controller's [agents.urls])."""
+        return list(self.procs)
+
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 90.0) -> T:
     deadline = time.monotonic() + timeout
@@ -96,14 +101,15 @@ def install_plugins(cluster: TestCluster) -> None:
             os.replace(tmp, dst)
 
 
-def prepare_agents(cluster: TestCluster, key_dir: Path) -> tuple[Path, Path]:
-    """What every node's agent starts from: the plugins, fresh 4-GPU virtual state per node, a new shared key and
-    metrics token (0600) in ``key_dir``. Returns (key file, token file)."""
+def prepare_agents(cluster: TestCluster, key_dir: Path, nodes: Sequence[str] = ()) -> tuple[Path, Path]:
+    """What every node's agent starts from: the plugins, fresh 4-GPU virtual state per node (``nodes``, default
+    the always-on ones), a new shared key and metrics token (0600) in ``key_dir``. Returns (key file, token file)."""
     install_plugins(cluster)
     vgpu_dir = cluster.root / "vgpu"
-    for k, node in enumerate(cluster.nodes):
-        StateFile(vgpu_dir / f"{node}.state").write(
-            make_node_state(node, cluster.gpus_per_node, minor_base=k * cluster.gpus_per_node))
+    for node in nodes or cluster.nodes:
+        # nK's GPU device minors start at (K - 1) * GPUs per node (docker-slurm/cluster.sh)
+        StateFile(vgpu_dir / f"{node}.state").write(make_node_state(
+            node, cluster.gpus_per_node, minor_base=(int(node.removeprefix("n")) - 1) * cluster.gpus_per_node))
     key_file = key_dir / "agent.key"
     key_file.write_bytes(os.urandom(32).hex().encode())
     key_file.chmod(0o600)
@@ -115,17 +121,18 @@ def prepare_agents(cluster: TestCluster, key_dir: Path) -> tuple[Path, Path]:
 
 @contextlib.contextmanager
 def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = INTERVAL_S,
-                   window_s: float = 30, auth: str = "hmac") -> Iterator[Agents]:
+                   window_s: float = 30, auth: str = "hmac", nodes: Sequence[str] = ()) -> Iterator[Agents]:
     """One agent per node (port AGENT_PORT_BASE + node number, /metrics 300 above, with the bearer token in
     ``key_dir/metrics.token``) over fresh 4-GPU virtual state; stopped on exit. ``auth = "munge"``: the agents
-    take MUNGE credentials of this process's user from the cluster's munged instead of the key."""
-    key_file, token_file = prepare_agents(cluster, key_dir)
+    take MUNGE credentials of this process's user from the cluster's munged instead of the key. ``nodes``: default
+    the always-on nodes; the power-saving test adds the power-saved ones (an agent runs whether its node is on)."""
+    key_file, token_file = prepare_agents(cluster, key_dir, nodes)
     lib = build_library(REPO / "build" / "vgpu")
     vgpu_dir = cluster.root / "vgpu"
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = cluster.root / "log"
     try:
-        for node in cluster.nodes:
+        for node in nodes or cluster.nodes:
             env = {**cluster.env, "LD_LIBRARY_PATH": str(lib.parent),
                    "SLURM_ELASTIC_VGPU_STATE": str(vgpu_dir / f"{node}.state")}
             port = int(Agents.url(node).rsplit(":", 1)[1])
@@ -151,7 +158,7 @@ def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = I
                     return None
             return True
 
-        wait_for("the four agents to answer", all_up, timeout=60)
+        wait_for("the agents to answer", all_up, timeout=60)
         yield result
     finally:
         for p in procs.values():

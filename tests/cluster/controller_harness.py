@@ -31,7 +31,7 @@ def controller_config(tmp: Path, agents: Agents, *, dry_run: bool = False, api_s
     """The API socket and the metrics port are off unless asked for: tests must not share them."""
     policy = tmp / "policy.toml"
     policy.write_text(TEST_POLICY)
-    urls = "\n".join(f'{n} = "{agents.url(n)}"' for n in agents.cluster.nodes)
+    urls = "\n".join(f'{n} = "{agents.url(n)}"' for n in agents.nodes)
     cfg = tmp / name
     # A release cluster's client commands are its chrooted wrappers (tests/cluster/harness.py): sbatch for an
     # extension job must be those too, or the 22.05 client talks to a newer slurmctld ("Incompatible versions").

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slurm_elastic.slurm.decode import parse_squeue
 from slurm_elastic.slurm.model import Job
-from slurm_elastic.slurm.openapi import parse_squeue
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "docker-slurm" / "cluster.sh"

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from slurm_elastic.directives import parse_script
+from slurm_elastic.slurm.decode import parse_squeue
 from slurm_elastic.slurm.model import Job
-from slurm_elastic.slurm.openapi import parse_squeue
 from tests.cluster.harness import REPO, TestCluster
 
 PLUGIN = REPO / "plugins" / "job_submit.lua"

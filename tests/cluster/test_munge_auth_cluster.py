@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.agent.auth import HEADER_SIGNATURE, sign_request
+from slurm_elastic.agent.mig_remote import HttpAgent, load_agent_auth
 from slurm_elastic.agent.munge import Munge
 from slurm_elastic.agent.munge_auth import SCHEME, MungeClientAuth, request_id, request_payload
 from slurm_elastic.agent.payload import NODE_PATH
-from slurm_elastic.mig.adapters import HttpAgent, load_agent_auth
 from slurm_elastic.mig.config import AgentAccess
 from slurm_elastic.mig.errors import WorkflowError
 from slurm_elastic.slurm.hostlist import expand

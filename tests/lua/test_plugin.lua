@@ -202,6 +202,30 @@ do
   check("unwritable job_desc: accepted", ok and rc == slurm.SUCCESS, rc)
 end
 
+-- A job submitted to several partitions keeps their list beside its spec (a running job shows only its own).
+do
+  local j = job("#ELASTIC --max-nodes 2\n", { partition = "train,cold" })
+  check("partitions: accepted", submit(j) == slurm.SUCCESS)
+  check("partitions: kept", j.admin_comment == "[elastic:v1 max=2] [elastic-partitions:train,cold]", j.admin_comment)
+  j = job("#ELASTIC --max-nodes 2\n", { partition = "cold,train", admin_comment = "[elastic-partitions:x,y] n" })
+  submit(j)
+  check("partitions: replaced", j.admin_comment == "[elastic-partitions:cold,train] n [elastic:v1 max=2]",
+    j.admin_comment)
+  for _, one in ipairs({ "train", "", "a,b]", "a, b" }) do
+    j = job("#ELASTIC --max-nodes 2\n", { partition = one })
+    submit(j)
+    check("partitions: none kept for " .. one, j.admin_comment == "[elastic:v1 max=2]", j.admin_comment)
+  end
+  j = job("#!/bin/bash\nsrun x\n", { partition = "train,cold" })
+  submit(j)
+  check("partitions: not for a job that is not elastic", j.admin_comment == nil, j.admin_comment)
+  local rec = { admin_comment = "[elastic:v1 max=3] [elastic-partitions:train,cold]" }
+  local d = { admin_comment = "new note" }
+  slurm_job_modify(d, rec, {}, 0)
+  check("partitions: carried over on modify",
+    d.admin_comment == "new note [elastic:v1 max=3] [elastic-partitions:train,cold]", d.admin_comment)
+end
+
 -- slurm_job_modify keeps the elastic segment when an admin rewrites admin_comment without one.
 do
   local rec = { admin_comment = "old note [elastic:v1 max=3]" }

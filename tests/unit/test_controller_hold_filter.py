@@ -16,13 +16,13 @@ from slurm_elastic.api.authz import AccessPolicy, Caller
 from slurm_elastic.api.service import Service, ServiceSettings
 from slurm_elastic.controller.config import ControllerConfig, parse_controller_config
 from slurm_elastic.controller.cycle import Controller
-from slurm_elastic.controller.hold_filter import UNCHANGED_SINCE, HoldFilter, HoldKey
+from slurm_elastic.controller.hold_filter import HoldFilter, HoldKey
 from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import PolicyConfig, parse_config
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.store import SqlStore
-from slurm_elastic.store.records import DecisionFilter, NewDecision
+from slurm_elastic.store.records import UNCHANGED_SINCE, DecisionFilter, NewDecision
 from tests.policy_text import UNIT, policy_text
 from tests.unit.controller_scenarios import SteadyRunner, steady_cli
 from tests.unit.slurm_replay import replay

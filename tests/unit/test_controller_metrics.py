@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slurm_elastic.controller.cycle import outcome_class
 from slurm_elastic.controller.metrics import ControllerMetrics
-from slurm_elastic.slurm.openapi import parse_squeue
+from slurm_elastic.slurm.decode import parse_squeue
 from slurm_elastic.testing.promql_names import metric_names
 from tests.unit.controller_scenarios import GPU_NODES
 from tests.unit.slurm_replay import replay

@@ -11,8 +11,8 @@ from pathlib import Path
 from slurm_elastic.controller.power import PowerTracker, failure_decision, find_resume_failures
 from slurm_elastic.policy.capacity import is_resumable_node
 from slurm_elastic.slurm.accounting import parse_resume_timeout
+from slurm_elastic.slurm.decode import parse_nodes
 from slurm_elastic.slurm.model import Node
-from slurm_elastic.slurm.openapi import parse_nodes
 from slurm_elastic.store.records import ExtensionRecord
 from tests.unit.policy_builders import NOW, job, node, snapshot, unit
 

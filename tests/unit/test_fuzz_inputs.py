@@ -32,7 +32,7 @@ from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.policy import PolicyConfig, parse_config
 from slurm_elastic.sim.loaders import FORMATS, TraceFormat, load_workload
 from slurm_elastic.sim.workload import Workload
-from slurm_elastic.slurm.openapi import parse_nodes, parse_squeue
+from slurm_elastic.slurm.decode import parse_nodes, parse_squeue
 
 from .test_agent_payload import sample_report
 

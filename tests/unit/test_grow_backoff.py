@@ -1,6 +1,6 @@
 """Back-off for every failed grow: a failed prewarm whose cancelled extension ends COMPLETED, a
 failed resume that Slurm ends NODE_FAIL, and an extension sbatch Slurm refused all count for GROW_BACKOFF
-(controller/backoff.py, policy/holds.py); the failure records say when the back-off ends, and ``explain`` shows
+(slurm_elastic/backoff.py, policy/holds.py); the failure records say when the back-off ends, and ``explain`` shows
 it."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from slurm_elastic.api.authz import Caller
 from slurm_elastic.api.service import Service, ServiceSettings
-from slurm_elastic.controller.backoff import extension_ends, unit_backoff
+from slurm_elastic.backoff import extension_ends, unit_backoff
 from slurm_elastic.controller.coldstart import ColdStarts
 from slurm_elastic.controller.power import PowerTracker
 from slurm_elastic.policy.holds import grow_backoff, hold_blocked

@@ -1,5 +1,5 @@
 """The MIG core stays pure: no subprocess, NVML, clock or network imports (functional core). The one module
-exempt is the workflow's imperative shell, mig/adapters.py (store journal, agent HTTP, files, clock, locks)."""
+exempt is the workflow's imperative shell, mig/adapters.py (store journal, files, clock, locks)."""
 
 from __future__ import annotations
 

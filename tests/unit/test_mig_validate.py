@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_elastic.mig.catalog import load_catalog
-from slurm_elastic.mig.errors import LayoutError
+from slurm_elastic.mig.errors import LayoutError, MigRejectReason
 from slurm_elastic.mig.model import GpuModel, Layout, MigInstance, MigProfile, Placement
-from slurm_elastic.mig.validate import MigRejectReason, check_instances, check_layout, parse_layout, plan_layout
+from slurm_elastic.mig.validate import check_instances, check_layout, parse_layout, plan_layout
 
 CATALOG = load_catalog()
 EVERY_PROFILE = [(g.model, p.name) for g in CATALOG.gpus for p in g.profiles]

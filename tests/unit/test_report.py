@@ -314,7 +314,7 @@ def test_whatif_rigid_replay_reproduces_the_recorded_past(cli_env: str, monkeypa
 def test_whatif_names_the_powered_down_nodes_it_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The recorded power-saving cluster (n1-n4 on, n5-n6 powered down)."""
     from slurm_elastic.cli import whatif_cmd
-    from slurm_elastic.slurm.openapi import parse_nodes
+    from slurm_elastic.slurm.decode import parse_nodes
 
     _, nodes = parse_nodes(json.loads((FIXTURES.parent / "slurm" / "22.05" / "sinfo_power.json").read_text()))
 

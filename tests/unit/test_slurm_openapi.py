@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from slurm_elastic.slurm.decode import parse_nodes, parse_squeue
 from slurm_elastic.slurm.errors import SlurmParseError
 from slurm_elastic.slurm.model import GresCount, Job
-from slurm_elastic.slurm.openapi import num, parse_meta, parse_nodes, parse_squeue
+from slurm_elastic.slurm.openapi import num, parse_meta
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 

@@ -12,9 +12,9 @@ import pytest
 
 from slurm_elastic.controller.extension import leader_file
 from slurm_elastic.slurm.accounting import parse_sacct_states
+from slurm_elastic.slurm.decode import parse_nodes, parse_squeue
 from slurm_elastic.slurm.errors import SlurmInvalidNodeError, SlurmJobNotFoundError
 from slurm_elastic.slurm.model import Job, Node
-from slurm_elastic.slurm.openapi import parse_nodes, parse_squeue
 from slurm_elastic.slurm.runner import CommandResult, classify
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"

@@ -19,7 +19,7 @@ from slurm_elastic.cli.output import spec_text, value_text
 from slurm_elastic.controller.power import note_powered_down
 from slurm_elastic.controller.units import SpecCache, build_units
 from slurm_elastic.directives.spec import ElasticSpec
-from slurm_elastic.slurm.openapi import parse_nodes
+from slurm_elastic.slurm.decode import parse_nodes
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import JobObservation, NewDecision, SpecSource
 from tests.unit.policy_builders import NOW, job, snapshot
