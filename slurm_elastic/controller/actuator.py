@@ -11,6 +11,9 @@ then re-check the plan against the current snapshot (never below min, never the 
 cancel extension jobs (newest first), shrink a partly released extension in place, then release leader nodes with
 ``scontrol update NodeList=``. A shrink called off withdraws its notice.
 
+Cancel: an extension job whose grow failed before it joined (a failed resume or prewarm) is cancelled under a
+journaled ``cancel_extension`` action (controller/cancels.py), finished by reconcile after a crash.
+
 Every resize is announced to the training processes first (slurm_elastic/resize.py, controller/notices.py): a
 shrink's notice lasts its grace period; a grow's notice is written just before the extension job is submitted,
 and the extension job's launcher starts its workers once the running ones have acknowledged (at most
@@ -25,8 +28,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from slurm_elastic.controller.cancels import cancel_extension, resolve_cancel
 from slurm_elastic.controller.extension import build_request, prewarm_of, rendezvous_endpoint
 from slurm_elastic.controller.notices import NoticeBoard, NoticeError
+from slurm_elastic.controller.verdicts import CancelExtension
 from slurm_elastic.policy import Decision
 from slurm_elastic.policy.moldable import Mold
 from slurm_elastic.resize import Notice, make_notice
@@ -326,6 +331,15 @@ class Actuator:
         self.store.jobs.add_time_limit(leader.job_id, add_min)
         return f"; time limit {leader.time_limit_min} -> {new} min (+{add_min}min)"
 
+
+    # --- cancel of a failed grow's extension job (controller/cancels.py) ----------------------------------------
+    def cancel_extension(self, c: CancelExtension, decision_id: int | None, ctx: CycleContext) -> str:
+        """Journal, then scancel an extension job whose grow failed before it joined."""
+        return cancel_extension(self.slurm, self.store, c, decision_id=decision_id, ctx=ctx, fault=self.fault)
+
+    def resolve_cancel(self, action: ActionRecord, snap: ClusterSnapshot) -> str:
+        """An open cancel after a crash or a transient refusal: finish it (reconcile)."""
+        return resolve_cancel(self.slurm, self.store, action, snap)
 
     # --- moldable start ----------------------------------------------------------------------------------------
     def mold(self, m: Mold, snap: ClusterSnapshot, decision_id: int | None, ctx: CycleContext) -> str:

@@ -40,6 +40,7 @@ from slurm_elastic.controller.reconcile import ACTIVE, FinalStates, is_known_key
 from slurm_elastic.controller.serving import ServingReader
 from slurm_elastic.controller.shares import AccountingCache
 from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units
+from slurm_elastic.controller.verdicts import Verdict
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import (
     Action,
@@ -49,6 +50,7 @@ from slurm_elastic.policy import (
     JobUtilization,
     Outcome,
     PolicyConfig,
+    Reason,
     ResizeRecord,
     decide,
     parse_config,
@@ -78,8 +80,8 @@ from slurm_elastic.store.records import (
 log = logging.getLogger(__name__)
 
 Collector = AgentCollector
-_KIND_ACTION = {ActionKind.GROW: Action.GROW, ActionKind.SHRINK: Action.SHRINK,
-                ActionKind.CANCEL_EXTENSION: Action.SHRINK}
+# A cancel_extension (controller/cancels.py) ends a grow that never joined: no resize (GROW_BACKOFF covers it).
+_KIND_ACTION = {ActionKind.GROW: Action.GROW, ActionKind.SHRINK: Action.SHRINK}
 _STATE_OUTCOME = {ActionState.APPLIED: Outcome.APPLIED, ActionState.FAILED: Outcome.FAILED,
                   ActionState.ABORTED: Outcome.FAILED, ActionState.INTENT: Outcome.INTENT,
                   ActionState.IN_PROGRESS: Outcome.INTENT}
@@ -236,23 +238,13 @@ class Controller:
         with gc_paused():  # a row per unit on a first cycle: GC would rescan the snapshot for each batch of them
             self._observe_jobs((*built.units, *built.booting), built.sources, built.not_elastic, snap, known)
         resume_timeout = self._resume_timeout()
-        for failed in self.power.handle(summary.cycle_id or 0, units, snap, now, cancel=self._cancel,
-                                        resume_timeout_s=resume_timeout, dry_run=self.cfg.dry_run, fencing=token,
-                                        backoff_s=self.policy.power_resume_backoff_s):
-            if self.metrics is not None:
-                self.metrics.decisions.labels(failed.action, failed.reason).inc()
-            self.holds.forget(failed.job_id)
-        for warm in self.coldstart.handle(summary.cycle_id or 0, units, snap, now, cancel=self._cancel,
-                                          dry_run=self.cfg.dry_run, fencing=token):
-            if self.metrics is not None:
-                self.metrics.decisions.labels(warm.action, warm.reason).inc()
-            self.holds.forget(warm.job_id)
+        # The controller's own deciders (pure, on this cycle's facts), each followed by its write step.
+        self._write_verdicts(self.power.decide(units, snap, now, resume_timeout_s=resume_timeout,
+                                               dry_run=self.cfg.dry_run, backoff_s=self.policy.power_resume_backoff_s),
+                             ctx, summary)
+        self._write_verdicts(self.coldstart.decide(units, snap, now, dry_run=self.cfg.dry_run), ctx, summary)
         self.joins.note(units, snap, now)  # grows whose extension joined: the GPUs granted (grants.py)
-        for lost in self.losses.record(summary.cycle_id or 0, units, snap, now, previous_nodes=before,
-                                       fencing=token):
-            if self.metrics is not None:
-                self.metrics.decisions.labels(lost.action, lost.reason).inc()
-            self.holds.forget(lost.job_id)
+        self._write_verdicts(self.losses.decide(units, snap, now, previous_nodes=before), ctx, summary)
         open_by_unit = self._finish_pending_shrinks(snap, units, ctx, summary)
         recent = self.store.journal.list_actions(since=now - timedelta(days=1))  # newest first
         last_hour = [a for a in recent if a.created_at >= now - timedelta(hours=1)]
@@ -423,8 +415,28 @@ class Controller:
         self.serving.forget([u for u in units if u.spec.serving])
         return loads
 
-    def _cancel(self, job_id: int) -> None:
-        self.slurm.cancel(job_id)
+    def _write_verdicts(self, verdicts: Sequence[Verdict], ctx: CycleContext, summary: CycleSummary) -> None:
+        """The write step of the controller's deciders: record their decisions, then (outside dry-run) have the
+        actuator carry out the cancels they ask for, each journaled first. One unit's failure never stops the
+        cycle."""
+        if not verdicts:
+            return
+        ids = self.store.decisions.record_decisions(ctx.cycle_id, [v.decision for v in verdicts], fencing=ctx.token)
+        for v, decision_id in zip(verdicts, ids, strict=True):
+            d = v.decision
+            log.log(logging.INFO if d.action == str(Action.HOLD) and d.reason == str(Reason.COLD_START)
+                    else logging.WARNING, "job %d: %s %s->%s (%s: %s)", d.job_id, d.action, d.current_nodes,
+                    d.target_nodes, d.reason, d.message)
+            if self.metrics is not None:
+                self.metrics.decisions.labels(d.action, d.reason).inc()
+            self.holds.forget(d.job_id)
+            if v.cancel is None or self.cfg.dry_run:
+                continue
+            try:
+                summary.acted[d.job_id] = self.actuator.cancel_extension(v.cancel, decision_id, ctx)
+            except (SlurmError, StoreError) as e:  # the open action is finished by reconcile
+                summary.acted[d.job_id] = f"error: {e}"
+                log.error("cancelling extension job %d of job %d failed: %s", v.cancel.extension_job, d.job_id, e)
 
     def _resume_timeout(self) -> float | None:
         """Slurm's ResumeTimeout, when the backend reads it (None: unknown; the policy then uses its estimate)."""

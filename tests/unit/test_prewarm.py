@@ -17,6 +17,7 @@ from slurm_elastic import prewarm, resize
 from slurm_elastic.controller.coldstart import ColdStarts, outcome, restart_cost
 from slurm_elastic.controller.extension import build_request, prewarm_of
 from slurm_elastic.controller.power import PowerTracker
+from slurm_elastic.controller.verdicts import CancelExtension, Verdict
 from slurm_elastic.directives.words import Word, WordError, command_argv, split_words
 from slurm_elastic.policy.inputs import UnitMeasure, utilization
 from slurm_elastic.store.records import ExtensionRecord, JobObservation
@@ -174,20 +175,28 @@ def test_the_shell_cancels_a_failed_prewarm_and_records_cold_starts_as_restart_c
     shell = ColdStarts(store, PowerTracker())
     ext = replace(job(501, nodes=("n5",)), node_count=1)
     snap = snapshot([leader, ext], [node("n1", used=4), node("n5", used=4), node("n6", used=4)])
-    cancelled: list[int] = []
     cycle = store.decisions.begin_cycle()
-    (d,) = shell.handle(cycle, {100: u}, snap, NOW, cancel=cancelled.append)
-    assert cancelled == [501] and (d.reason, d.current_nodes, d.target_nodes) == ("PREWARM_FAILED", 1, 1)
+
+    def decide_and_record(shell: ColdStarts) -> list[Verdict]:  # the cycle's write step, without Slurm
+        verdicts = shell.decide({100: u}, snap, NOW)
+        store.decisions.record_decisions(cycle, [v.decision for v in verdicts])
+        return verdicts
+
+    (v,) = decide_and_record(shell)
+    d = v.decision
+    assert v.cancel == CancelExtension(100, 501, "PREWARM_FAILED", ("n5",))
+    assert (d.reason, d.current_nodes, d.target_nodes) == ("PREWARM_FAILED", 1, 1)
     assert "timed out after 60s" in d.message and d.inputs["node"] == "n5"
-    assert shell.handle(cycle, {100: u}, snap, NOW, cancel=cancelled.append) == []  # once
+    assert decide_and_record(shell) == []  # once
     assert shell.restart_s(NOW) == {}
     _write(path, _ev(502, "n6", "joined", 16))
-    (c,) = shell.handle(cycle, {100: u}, snap, NOW, cancel=cancelled.append)
+    (w,) = decide_and_record(shell)
+    c = w.decision
     assert c.reason == "COLD_START" and c.inputs["restart_cost_s"] == 16.0 and c.inputs["prewarm_s"] == 6.0
-    assert cancelled == [501]
+    assert w.cancel is None
     # A restarted controller neither records them again nor forgets the restart cost.
     again = ColdStarts(store, PowerTracker())
-    assert again.handle(cycle, {100: u}, snap, NOW, cancel=cancelled.append) == []
+    assert decide_and_record(again) == []
     assert again.restart_s(NOW + timedelta(seconds=1)) == {100: 16.0}
 
 
