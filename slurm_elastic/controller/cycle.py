@@ -1,12 +1,20 @@
-"""One controller cycle: the imperative shell around the pure policy.
+"""One controller cycle: the imperative shell around pure deciders (kueue's shape: facts in, decisions out, then
+named write steps). :meth:`Controller._cycle` is the list of steps:
 
-A cycle: hold the lease -> snapshot Slurm (refuse to act on an old one) -> finish shrinks whose grace is over ->
-build the elastic units -> collect agent metrics and store one sample per unit -> decide (pure) -> record the
-decisions (every grow and shrink; a hold when it changed, else every hold_heartbeat_s: hold_filter.py) -> act on
-the rest (journaled; never in dry-run, never without the lease, never twice for a unit that has an action in
-flight). One unit's failure never stops the cycle.
+1. hold the lease, snapshot Slurm (refuse to act on an old one);
+2. observe: build the elastic units (directives parsed once, units.py) and store what the cycle saw of each job;
+3. the controller's deciders, each pure on the cycle's facts and followed by its write step (record, then the
+   actuator's journaled cancels): failed resumes (power.py), failed or joined prewarms (coldstart.py), losses to
+   Slurm (losses.py);
+4. finish shrinks whose grace is over;
+5. build the policy input (samples collected and stored, history, back-offs, power, shares) and ``decide``;
+6. record the decisions (every grow and shrink; a hold when it changed, else every hold_heartbeat_s);
+7. moldable starts (molds.py: decide_molds, recorded, then the actuator);
+8. act on the grows and shrinks (journaled; never in dry-run, never without the lease, never twice for a unit
+   that has an action in flight).
 
-Reconcile (on start and periodically, :meth:`Controller.reconcile`) is in controller/reconcile.py.
+Only the actuator (actuator.py, cancels.py) writes to Slurm, each write journaled first. One unit's failure never
+stops the cycle. Reconcile (on start and periodically, :meth:`Controller.reconcile`) is in controller/reconcile.py.
 """
 
 from __future__ import annotations
@@ -22,13 +30,12 @@ from slurm_elastic.controller.admits import AdmitFollower
 from slurm_elastic.controller.backoff import extension_ends
 from slurm_elastic.controller.coldstart import ColdStarts
 from slurm_elastic.controller.config import ControllerConfig
-from slurm_elastic.controller.extension import parse_tag
 from slurm_elastic.controller.grants import Joins
 from slurm_elastic.controller.history import resize_history, with_time_limit_added
 from slurm_elastic.controller.hold_filter import HoldFilter
 from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import LossRecorder
-from slurm_elastic.controller.metrics import ControllerMetrics
+from slurm_elastic.controller.metrics import ControllerMetrics, cycle_metrics
 from slurm_elastic.controller.molds import Molds
 from slurm_elastic.controller.observe import Observer
 from slurm_elastic.controller.pauses import paused_units, with_paused_jobs
@@ -44,14 +51,14 @@ from slurm_elastic.policy import (
     Action,
     Decision,
     ElasticUnit,
-    JobUtilization,
     PolicyConfig,
+    PolicyInput,
     Reason,
     decide,
     parse_config,
 )
 from slurm_elastic.policy.inputs import PolicyInputBuilder
-from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
+from slurm_elastic.policy.model import ActionInProgress
 from slurm_elastic.policy.wording import ago
 from slurm_elastic.slurm.adapter import PowerConfigReader
 from slurm_elastic.slurm.errors import SlurmError
@@ -77,6 +84,19 @@ class CycleSummary:
     acted: dict[int, str] = field(default_factory=dict)  # unit id -> outcome text
     error: str | None = None
     skipped: str | None = None  # why the cycle did not run (no lease, stale snapshot, Slurm down)
+
+
+@dataclass
+class CycleFacts:
+    """What a cycle knows before it decides: the snapshot, its elastic units, the leaders' node lists as last
+    observed, Slurm's ResumeTimeout, and (once the shrinks whose grace is over are done) the open actions."""
+
+    snap: ClusterSnapshot
+    units: tuple[ElasticUnit, ...]
+    by_id: dict[int, ElasticUnit]
+    before: dict[int, tuple[str, ...]]
+    resume_timeout: float | None
+    open_actions: dict[int, ActionRecord] = field(default_factory=dict)
 
 
 class Controller:
@@ -194,18 +214,49 @@ class Controller:
         return summary
 
     def _cycle(self, summary: CycleSummary, token: FencingToken) -> None:
+        """The cycle, step by step: facts in, pure deciders, then the named write steps (only the actuator
+        touches Slurm, each write journaled first)."""
+        fresh = self._fresh_snapshot(summary)
+        if fresh is None:
+            return
+        snap, now = fresh
+        ctx = CycleContext(cycle_id=summary.cycle_id or 0, token=token, now=now)
+        facts = self._observe(snap)  # units, and what the cycle saw of each job (stored by change)
+        self._controller_deciders(facts, ctx, summary)  # failed resumes/prewarms, cold starts, losses
+        facts.open_actions = self._finish_pending_shrinks(snap, facts.by_id, ctx, summary)  # grace over
+        policy, inp = self._policy_input(facts, ctx.now)  # samples, history, back-offs, power, shares
+        with gc_paused():  # pure, leaves no cyclic garbage; GC would only rescan the snapshot
+            decisions = decide(inp, policy, ctx.now)
+        summary.decisions = decisions
+        if self.metrics is not None:
+            cycle_metrics(self.metrics, snap, facts.units, inp.utilization, decisions, now=ctx.now,
+                          has_spec=lambda job_id: getattr(self.store.jobs.get_job(job_id), "spec", None) is not None)
+        ids = self._record_decisions(decisions, ctx)  # every grow and shrink; holds by change
+        summary.acted.update(self.molds.run(  # waiting elastic jobs that can start now on fewer nodes
+            snap, policy, decisions, read_script=self._read_script, ctx=ctx, dry_run=self.cfg.dry_run,
+            record=lambda rows: self.store.decisions.record_decisions(ctx.cycle_id, rows, fencing=token)))
+        if not self.cfg.dry_run:
+            self._act(decisions, ids, snap, ctx, summary)  # grows and shrinks, journaled (actuator.py)
+
+    # --- the steps -------------------------------------------------------------------------------------------
+    def _fresh_snapshot(self, summary: CycleSummary) -> tuple[ClusterSnapshot, datetime] | None:
+        """This cycle's snapshot and time; None (and why, in ``summary``) when Slurm is down or the snapshot is
+        too old."""
         snap = self._snapshot()
         if snap is None:
             summary.skipped = "Slurm unavailable"
-            return
+            return None
         now = self.clock()
         age = snap.age_seconds(now)
         if age > self.cfg.max_snapshot_age_s:
             limit = self.cfg.max_snapshot_age_s
             summary.skipped = f"snapshot {ago(age, limit)} old > max {limit:.0f}s"
             log.warning("not acting: %s", summary.skipped)
-            return
-        ctx = CycleContext(cycle_id=summary.cycle_id or 0, token=token, now=now)
+            return None
+        return snap, now
+
+    def _observe(self, snap: ClusterSnapshot) -> CycleFacts:
+        """The units (directives parsed once, here: units.py) and the jobs' rows, stored by change."""
         with gc_paused():  # a unit per elastic job: GC would only rescan the snapshot (as the parse)
             built = build_units(snap, read_script=self._read_script, is_known_key=self._is_known_key,
                                 cache=self.specs)
@@ -216,54 +267,61 @@ class Controller:
         before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
         with gc_paused():  # a row per unit on a first cycle: GC would rescan the snapshot for each batch of them
             self.observer.observe_jobs((*built.units, *built.booting), built.sources, built.not_elastic, snap, known)
-        resume_timeout = self._resume_timeout()
-        # The controller's own deciders (pure, on this cycle's facts), each followed by its write step.
-        self._write_verdicts(self.power.decide(units, snap, now, resume_timeout_s=resume_timeout,
-                                               dry_run=self.cfg.dry_run, backoff_s=self.policy.power_resume_backoff_s),
-                             ctx, summary)
-        self._write_verdicts(self.coldstart.decide(units, snap, now, dry_run=self.cfg.dry_run), ctx, summary)
+        return CycleFacts(snap, built.units, units, before, self._resume_timeout())
+
+    def _controller_deciders(self, facts: CycleFacts, ctx: CycleContext, summary: CycleSummary) -> None:
+        """The controller's own deciders (pure, on this cycle's facts), each followed by its write step: an
+        earlier one's records are facts for the next (a failed resume is not also a loss)."""
+        snap, units, now, dry = facts.snap, facts.by_id, ctx.now, self.cfg.dry_run
+        self._write_verdicts(self.power.decide(units, snap, now, resume_timeout_s=facts.resume_timeout, dry_run=dry,
+                                               backoff_s=self.policy.power_resume_backoff_s), ctx, summary)
+        self._write_verdicts(self.coldstart.decide(units, snap, now, dry_run=dry), ctx, summary)
         self.joins.note(units, snap, now)  # grows whose extension joined: the GPUs granted (grants.py)
-        self._write_verdicts(self.losses.decide(units, snap, now, previous_nodes=before), ctx, summary)
-        open_by_unit = self._finish_pending_shrinks(snap, units, ctx, summary)
+        self._write_verdicts(self.losses.decide(units, snap, now, previous_nodes=facts.before), ctx, summary)
+
+    def _policy_input(self, facts: CycleFacts, now: datetime) -> tuple[PolicyConfig, PolicyInput]:
+        """The policy in force (paused jobs held) and its input, built from this cycle's facts."""
+        snap, units = facts.snap, facts.by_id
         recent = self.store.journal.list_actions(since=now - timedelta(days=1))  # newest first
         last_hour = [a for a in recent if a.created_at >= now - timedelta(hours=1)]
         for admitted in self.admits.follow(last_hour, snap, now):
             if self.metrics is not None:
                 self.metrics.admits.labels(admitted.outcome).inc()
-        policy = with_paused_jobs(self.policy, paused_units(built.units, self.store.pauses.list_pauses()))
+        policy = with_paused_jobs(self.policy, paused_units(facts.units, self.store.pauses.list_pauses()))
         builder = PolicyInputBuilder(policy, now, self.cfg.interval_s)
-        samples, measures = self.observer.measure(snap, built.units, builder, self.metrics)
-        if any(u.spec.prewarm is not None for u in built.units):  # measured cold starts: the restart cost
+        samples, measures = self.observer.measure(snap, facts.units, builder, self.metrics)
+        if any(u.spec.prewarm is not None for u in facts.units):  # measured cold starts: the restart cost
             for uid, cost in self.coldstart.restart_s(now).items():
                 if uid in measures:
                     measures[uid] = replace(measures[uid], cold_start_s=cost)
-        serving = self.observer.serving_loads(built.units, builder)
+        serving = self.observer.serving_loads(facts.units, builder)
         history = resize_history(recent, units) + self.losses.history(units, now)
-        since = journal_since(built.units, now, timedelta(days=1))  # a unit that started before the day read above
+        since = journal_since(facts.units, now, timedelta(days=1))  # a unit that started before the day read above
         lives = history if since is None else (resize_history(self.store.journal.list_actions(since=since), units)
                                                + self.losses.history(units, now))
-        inp = builder.build(
-            snap, with_progress(built.units, lives, now), samples=samples, measures=measures, history=history,
-            in_progress=[ActionInProgress(unit_id, str(a.kind), a.created_at) for unit_id, a in open_by_unit.items()],
-            extension_ends=self._extension_ends(now), account_shares=self.accounting.shares(),
+        return policy, builder.build(
+            snap, with_progress(facts.units, lives, now), samples=samples, measures=measures, history=history,
+            in_progress=[ActionInProgress(unit_id, str(a.kind), a.created_at)
+                         for unit_id, a in facts.open_actions.items()],
+            extension_ends=extension_ends(self.store, now), account_shares=self.accounting.shares(),
             gpu_limits=self.accounting.gpu_limits(), extension_qos=self.cfg.extension_qos or None,
-            serving=serving, power=self.power.state(now, policy.power_resume_backoff_s, resume_timeout))
-        with gc_paused():  # pure, leaves no cyclic garbage; GC would only rescan the snapshot
-            decisions = decide(inp, policy, now)
-        summary.decisions = decisions
-        if self.metrics is not None:
-            self._cycle_metrics(self.metrics, snap, built.units, inp.utilization, decisions, now=now)
-        with gc_paused():  # a decision per unit, and a row for each that changed (as _observe_jobs)
+            serving=serving, power=self.power.state(now, policy.power_resume_backoff_s, facts.resume_timeout))
+
+    def _record_decisions(self, decisions: Sequence[Decision], ctx: CycleContext) -> list[int | None]:
+        """Every grow and shrink; a hold when it changed, else every hold_heartbeat_s (hold_filter.py). Returns
+        each decision's row id (None: a hold not stored)."""
+        with gc_paused():  # a decision per unit, and a row for each that changed (as observe_jobs)
             new = [self._new_decision(d) for d in decisions]
-            recorded = self.holds.record(self.store, summary.cycle_id or 0, new, now, fencing=token)
+            recorded = self.holds.record(self.store, ctx.cycle_id, new, ctx.now, fencing=ctx.token)
         if self.metrics is not None:
             self.metrics.holds_unchanged.inc(recorded.skipped)
-        summary.acted.update(self.molds.run(  # waiting elastic jobs that can start now on fewer nodes
-            snap, policy, decisions, read_script=self._read_script, ctx=ctx, dry_run=self.cfg.dry_run,
-            record=lambda rows: self.store.decisions.record_decisions(summary.cycle_id or 0, rows, fencing=token)))
-        if self.cfg.dry_run:
-            return
-        for d, decision_id in zip(decisions, recorded.ids, strict=True):
+        return list(recorded.ids)
+
+    def _act(self, decisions: Sequence[Decision], ids: Sequence[int | None], snap: ClusterSnapshot,
+             ctx: CycleContext, summary: CycleSummary) -> None:
+        """The policy's grows and shrinks through the actuator (journaled; one unit's failure never stops the
+        cycle)."""
+        for d, decision_id in zip(decisions, ids, strict=True):
             if d.action == Action.HOLD or decision_id is None:
                 continue
             try:
@@ -279,21 +337,6 @@ class Controller:
             if d.unit_id in summary.acted:
                 log.info("job %s: %s %d->%d (%s: %s) -> %s", d.display_id, d.action, d.current_nodes,
                          d.target_nodes, d.reason, d.message, summary.acted[d.unit_id])
-
-    def _cycle_metrics(self, m: ControllerMetrics, snap: ClusterSnapshot, units: tuple[ElasticUnit, ...],
-                       utilization: Mapping[int, JobUtilization], decisions: list[Decision], *,
-                       now: datetime) -> None:
-        for d in decisions:
-            m.decisions.labels(str(d.action), str(d.reason)).inc()
-        m.jobs((u.unit_id, u.job.user, u.job.partition, u.current_nodes,
-                utilization[u.unit_id].mean_util if u.unit_id in utilization else None) for u in units)
-        waits: dict[str, list[float]] = {}
-        for j in snap.jobs:
-            if j.is_pending and j.submit_time is not None and parse_tag(j.comment) is None:
-                waits.setdefault(j.partition, []).append(max(0.0, (now - j.submit_time).total_seconds()))
-        m.pending(waits)
-        m.finished((j for j in snap.jobs if parse_tag(j.comment) is None),  # extension jobs are their parent's
-                   lambda job_id: getattr(self.store.jobs.get_job(job_id), "spec", None) is not None)
 
     def _read_script(self, job_id: int) -> str | None:
         try:
@@ -334,10 +377,6 @@ class Controller:
         except SlurmError as e:
             log.warning("cannot read ResumeTimeout: %s", e)
             return None
-
-    def _extension_ends(self, now: datetime) -> list[ExtensionEnd]:
-        """The grows that ended within the grow back-off's look-back, failed ones marked (controller/backoff.py)."""
-        return extension_ends(self.store, now)
 
     def _finish_pending_shrinks(self, snap: ClusterSnapshot, units: Mapping[int, ElasticUnit],
                                 ctx: CycleContext, summary: CycleSummary) -> dict[int, ActionRecord]:
