@@ -32,6 +32,7 @@ from slurm_elastic.controller.cancels import cancel_extension, resolve_cancel
 from slurm_elastic.controller.extension import build_request, prewarm_of, rendezvous_endpoint
 from slurm_elastic.controller.notices import NoticeBoard, NoticeError
 from slurm_elastic.controller.verdicts import CancelExtension
+from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.policy import Decision
 from slurm_elastic.policy.moldable import Mold
 from slurm_elastic.resize import Notice, make_notice
@@ -108,7 +109,9 @@ class Actuator:
         return f"; notice {notice.kind} due in {notice.deadline - notice.time:.0f}s"
 
     # --- grow ------------------------------------------------------------------------------------------
-    def grow(self, d: Decision, snap: ClusterSnapshot, decision_id: int | None, ctx: CycleContext) -> str:
+    def grow(self, d: Decision, snap: ClusterSnapshot, decision_id: int | None, ctx: CycleContext, *,
+             spec: ElasticSpec) -> str:
+        """``spec``: the unit's directives as controller/units.py read them (its ``--prewarm``)."""
         assert d.grow is not None
         unit = snap.job(d.unit_id)
         if unit is None:
@@ -130,7 +133,7 @@ class Actuator:
         try:
             script_owner = unit.het_job_id if unit.het_job_id is not None else unit.job_id
             script = self.slurm.batch_script(script_owner)
-            prewarm = prewarm_of(unit, script)
+            prewarm = prewarm_of(spec)
             if prewarm is None:
                 notice = make_notice("grow", notice_s, now=now.timestamp(), from_nodes=d.current_nodes,
                                      to_nodes=d.target_nodes, notice_id=key)

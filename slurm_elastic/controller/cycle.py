@@ -236,7 +236,7 @@ class Controller:
             snap, policy, decisions, read_script=self._read_script, ctx=ctx, dry_run=self.cfg.dry_run,
             record=lambda rows: self.store.decisions.record_decisions(ctx.cycle_id, rows, fencing=token)))
         if not self.cfg.dry_run:
-            self._act(decisions, ids, snap, ctx, summary)  # grows and shrinks, journaled (actuator.py)
+            self._act(decisions, ids, facts, ctx, summary)  # grows and shrinks, journaled (actuator.py)
 
     # --- the steps -------------------------------------------------------------------------------------------
     def _fresh_snapshot(self, summary: CycleSummary) -> tuple[ClusterSnapshot, datetime] | None:
@@ -317,16 +317,17 @@ class Controller:
             self.metrics.holds_unchanged.inc(recorded.skipped)
         return list(recorded.ids)
 
-    def _act(self, decisions: Sequence[Decision], ids: Sequence[int | None], snap: ClusterSnapshot,
+    def _act(self, decisions: Sequence[Decision], ids: Sequence[int | None], facts: CycleFacts,
              ctx: CycleContext, summary: CycleSummary) -> None:
         """The policy's grows and shrinks through the actuator (journaled; one unit's failure never stops the
         cycle)."""
+        snap, units = facts.snap, facts.by_id
         for d, decision_id in zip(decisions, ids, strict=True):
             if d.action == Action.HOLD or decision_id is None:
                 continue
             try:
                 if d.action == Action.GROW and d.grow is not None:
-                    summary.acted[d.unit_id] = self.actuator.grow(d, snap, decision_id, ctx)
+                    summary.acted[d.unit_id] = self.actuator.grow(d, snap, decision_id, ctx, spec=units[d.unit_id].spec)
                 elif d.action == Action.SHRINK and d.shrink is not None:
                     summary.acted[d.unit_id] = self.actuator.start_shrink(d, decision_id, ctx, snap)
             except (SlurmError, StoreError) as e:  # one unit's failure never stops the cycle

@@ -17,9 +17,11 @@ from slurm_elastic import prewarm, resize
 from slurm_elastic.controller.coldstart import ColdStarts, outcome, restart_cost
 from slurm_elastic.controller.extension import build_request, prewarm_of
 from slurm_elastic.controller.power import PowerTracker
+from slurm_elastic.controller.units import SpecCache, spec_for
 from slurm_elastic.controller.verdicts import CancelExtension, Verdict
 from slurm_elastic.directives.words import Word, WordError, command_argv, split_words
 from slurm_elastic.policy.inputs import UnitMeasure, utilization
+from slurm_elastic.slurm.model import Job
 from slurm_elastic.store.records import ExtensionRecord, JobObservation
 from tests.unit.policy_builders import NOW, job, node, snapshot, unit
 from tests.unit.storehelpers import FakeClock, memory_store
@@ -120,10 +122,15 @@ def test_launcher_posts_the_notice_only_after_the_prewarm(tmp_path: Path) -> Non
 def test_extension_request_carries_the_prewarm_and_the_plugin_spec_gives_it() -> None:
     leader = replace(job(100, nodes=("n1",)), admin_comment="[elastic:v1 prewarm=7374616765202D2D6661737420 "
                                                             "prewarmtimeout=90]")
-    assert prewarm_of(leader, "#!/bin/bash\nrun\n") == ("stage --fast ", 90)
+    def prewarm_read(j: Job, script: str) -> tuple[str, int] | None:  # the grow's prewarm: the unit's spec
+        spec, _, _ = spec_for(j, lambda _id: script, SpecCache())
+        assert spec is not None
+        return prewarm_of(spec)
+
+    assert prewarm_read(leader, "#!/bin/bash\nrun\n") == ("stage --fast ", 90)
     from_script = replace(leader, admin_comment="")
-    assert prewarm_of(from_script, "#!/bin/bash\n#ELASTIC --prewarm 'a b'\nrun\n") == ("a b", 600)
-    assert prewarm_of(from_script, "#!/bin/bash\n#ELASTIC --max-nodes 2\nrun\n") is None
+    assert prewarm_read(from_script, "#!/bin/bash\n#ELASTIC --prewarm 'a b'\nrun\n") == ("a b", 600)
+    assert prewarm_read(from_script, "#!/bin/bash\n#ELASTIC --max-nodes 2\nrun\n") is None
     req = build_request(leader, ["n5"], "k", NOW, rendezvous="h:1", prewarm=("a b", 90))
     assert req.env[prewarm.ENV_COMMAND] == "a b" and req.env[prewarm.ENV_TIMEOUT] == "90"
     assert prewarm.ENV_COMMAND not in build_request(leader, ["n5"], "k", NOW, rendezvous="h:1").env
