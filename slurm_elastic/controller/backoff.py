@@ -61,9 +61,14 @@ def extension_ends(store: ControllerStore, now: datetime, job_id: int | None = N
         out.append(ExtensionEnd(unit, ext, why, at, at, failure=why))
     for a in store.journal.list_actions(job_id=job_id, since=since, states=[ActionState.FAILED]):
         if a.kind == ActionKind.GROW:
-            out.append(ExtensionEnd(a.job_id, 0, "REFUSED", a.created_at, a.finished_at or a.updated_at,
-                                    failure=REFUSED))
+            out.append(refused_grow_end(a.job_id, a.created_at, a.finished_at or a.updated_at))
     return out
+
+
+def refused_grow_end(unit_id: int, decided_at: datetime, failed_at: datetime) -> ExtensionEnd:
+    """A grow journaled FAILED (no extension job ran) as the back-off counts it: the controller's refused sbatch,
+    the simulator's grow the engine could not apply (sim/policy_adapter.py). Pure."""
+    return ExtensionEnd(unit_id, 0, "REFUSED", decided_at, failed_at, failure=REFUSED)
 
 
 def unit_backoff(store: ControllerStore, job_id: int, now: datetime) -> Backoff | None:

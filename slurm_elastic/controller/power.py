@@ -190,7 +190,15 @@ class ResumeFailures:
                 lost = d.inputs.get("lost_nodes")
                 for name in lost if isinstance(lost, list) else []:
                     failed[str(name)] = max(d.time, failed.get(str(name), d.time))
-        return PowerState(resume_s=self.tracker.estimates(), resume_timeout_s=resume_timeout_s, resume_failed=failed)
+        return power_state(self.tracker, resume_timeout_s, failed)
+
+
+def power_state(tracker: PowerTracker, resume_timeout_s: float | None,
+                resume_failed: Mapping[str, datetime]) -> PowerState:
+    """The policy's power input (the controller's and the simulator's): the tracker's measured resume times,
+    Slurm's ResumeTimeout, and the nodes whose resume failed within power_resume_backoff_s. Pure."""
+    return PowerState(resume_s=tracker.estimates(), resume_timeout_s=resume_timeout_s,
+                      resume_failed=dict(resume_failed))
 
 
 def note_powered_down(store: ControllerStore, snap: ClusterSnapshot) -> list[str]:

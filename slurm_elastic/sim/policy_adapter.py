@@ -48,6 +48,12 @@ Modelling rules (docs/simulator.md, "The production policy in the simulator", sa
 * **History.** Each action is journalled at decision time (any outcome starts the cooldown), then marked
   applied or failed once the engine's next snapshot shows whether it happened; a SHRINK_TO_ADMIT records the
   pending jobs it was for, so the admit back-off works.
+* **Grow back-off and power.** The facts the controller gives the grow back-off and the power rules come from the
+  controller's code: a grow the engine did not apply is a refused grow (controller/backoff.py
+  ``refused_grow_end``: GROW_BACKOFF), an extension cut by a shrink an end by us; a cold node (sim/power.py) shows
+  ``POWERED_DOWN``/``POWERING_UP`` and the controller's PowerTracker measures its resume time (``power_state``),
+  so the power walk charges its resume. Resumes never fail here (no RESUME_FAILED), and prewarms are not
+  modelled. tests/unit/test_policy_input_paths_facts.py replays one such run through the controller.
 
 One :class:`ProductionPolicy` serves one run: it keeps per-run state (samples, history, extension jobs).
 """
@@ -57,9 +63,11 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
+from slurm_elastic.controller.backoff import refused_grow_end
+from slurm_elastic.controller.power import PowerTracker, power_state
 from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import (
@@ -77,8 +85,9 @@ from slurm_elastic.policy import (
     default_config,
     parse_config,
 )
+from slurm_elastic.policy.holds import LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, Sample, UnitMeasure
-from slurm_elastic.policy.model import ActionInProgress
+from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import JobView, ResizeRequest, SimClusterState
 from slurm_elastic.sim.errors import SimulationError
@@ -160,7 +169,11 @@ class ProductionPolicy:
         self._last_grow: dict[int, ResizeRecord] = {}
         self._admits: dict[int, ResizeRecord] = {}
         self._next_ext = EXTENSION_ID_BASE
-        self._nodes: dict[tuple[int, int, int], Node] = {}
+        self._nodes: dict[tuple[int, int, int, str], Node] = {}
+        # The controller's own facts, from the same code: resume times measured from the nodes' power states
+        # (controller/power.py) and the grows that ended, for the grow back-off (controller/backoff.py).
+        self._power = PowerTracker()
+        self._ends: list[ExtensionEnd] = []
         self._last_now: float | None = None
 
     # ------------------------------------------------------------------ the hook
@@ -192,8 +205,11 @@ class ProductionPolicy:
                                             *self._admits.values())}.values())
         in_progress = [ActionInProgress(f.record.unit_id, str(f.record.action), f.record.at)
                        for f in self._inflight.values()]
+        self._power.observe(slurm, t)  # resumes never fail here: no RESUME_FAILED (docs/simulator.md)
+        self._ends = [e for e in self._ends if e.ended_at > t - timedelta(seconds=LOOKBACK_S)]
         inp = builder.build(slurm, units, samples=samples, measures=measures, history=history,
-                            in_progress=in_progress)
+                            in_progress=in_progress, extension_ends=self._ends,
+                            power=power_state(self._power, None, {}))
         decisions = decide(inp, self.cfg, t)
         return self._act(decisions, now, t)
 
@@ -249,8 +265,8 @@ class ProductionPolicy:
         """Turn the engine's node list into leader nodes plus extension jobs (grows append, shrinks cut)."""
         old, new = unit.nodes, view.nodes
         unit.nodes = new
+        when = at(view.last_resize_time if view.last_resize_time is not None else 0.0)
         if len(new) > len(old) and new[: len(old)] == old:
-            when = at(view.last_resize_time if view.last_resize_time is not None else 0.0)
             names = [node_name(n) for n in new[len(old):]]
             self._next_ext += 1
             ext_job = Job(
@@ -268,8 +284,9 @@ class ProductionPolicy:
                 ext = unit.exts[-1]
                 cut = min(drop, len(ext.nodes))
                 drop -= cut
-                if cut == len(ext.nodes):
+                if cut == len(ext.nodes):  # cancelled by the shrink: an end by us, no failure
                     unit.exts.pop()
+                    self._ends.append(ExtensionEnd(unit.job_id, ext.job_id, "CANCELLED", ext.start, when))
                 else:
                     ext.nodes = ext.nodes[: len(ext.nodes) - cut]
                     ext.job = replace(ext.job, nodes=tuple(ext.nodes), node_count=len(ext.nodes))
@@ -307,6 +324,8 @@ class ProductionPolicy:
         done = replace(record, outcome=Outcome.APPLIED if applied else Outcome.FAILED,
                        at=at(view.last_resize_time) if applied and view.last_resize_time is not None else record.at)
         self._journal(done, flight.admits)
+        if not applied and record.action is Action.GROW:  # as a refused sbatch: the grow back-off counts it
+            self._ends.append(refused_grow_end(record.unit_id, record.at, record.at))
         if applied:
             unit.time_limit_added_s = max(0, unit.time_limit_added_s + flight.time_limit_add_s)
         del self._inflight[view.job_id]
@@ -354,10 +373,10 @@ class ProductionPolicy:
     def _slurm_nodes(self, snapshot: SimClusterState) -> tuple[Node, ...]:
         out: list[Node] = []
         for view in snapshot.nodes:
-            key = (view.index, view.total_gpus, view.total_gpus - view.free_gpus)
+            key = (view.index, view.total_gpus, view.total_gpus - view.free_gpus, view.power)
             node = self._nodes.get(key)
             if node is None:
-                node = self._nodes[key] = build_node(view.index, view.total_gpus, key[2])
+                node = self._nodes[key] = build_node(view.index, view.total_gpus, key[2], view.power)
             out.append(node)
         return tuple(out)
 

@@ -78,11 +78,15 @@ def account_of(view: JobView) -> str | None:
     return None
 
 
-def build_node(index: int, gpus: int, used: int) -> Node:
+#: A cold node's power state (sim/power.py) as the state flags Slurm shows (the test cluster's CLOUD nodes).
+POWER_FLAGS = {"": (), "on": ("CLOUD",), "off": ("CLOUD", "POWERED_DOWN"), "booting": ("CLOUD", "POWERING_UP")}
+
+
+def build_node(index: int, gpus: int, used: int, power: str = "") -> Node:
     state = "IDLE" if used == 0 else "ALLOCATED" if used >= gpus else "MIXED"
     return Node(
-        name=node_name(index), state=state, state_flags=(), partitions=(PARTITION,), cpus=gpus * _CPUS_PER_GPU,
-        alloc_cpus=used * _CPUS_PER_GPU, gres=(GresCount("gpu", None, gpus),),
+        name=node_name(index), state=state, state_flags=POWER_FLAGS[power], partitions=(PARTITION,),
+        cpus=gpus * _CPUS_PER_GPU, alloc_cpus=used * _CPUS_PER_GPU, gres=(GresCount("gpu", None, gpus),),
         gres_used=(GresCount("gpu", None, used),),
     )
 
