@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic import prewarm, resize
-from slurm_elastic.controller.coldstart import ColdStarts, outcome, restart_cost
+from slurm_elastic.controller.coldstart import ColdStarts, decide_prewarms, outcome, restart_cost
 from slurm_elastic.controller.extension import build_request, prewarm_of
 from slurm_elastic.controller.power import PowerTracker
 from slurm_elastic.controller.units import SpecCache, spec_for
@@ -222,3 +222,22 @@ def test_the_cold_start_reaches_the_policy_as_restart_s_even_without_goodput() -
     both = utilization(100, samples[100], NOW - timedelta(minutes=5),
                        UnitMeasure(4, 4, restart_s=30.0, cold_start_s=16.0))
     assert both is not None and both.restart_s == 30.0  # the larger of observed and measured
+
+
+def test_the_prewarm_decider_is_pure_and_cancels_only_a_live_extension_outside_dry_run() -> None:
+    u = unit(job(100, nodes=("n1",)), prewarm="stage", prewarm_timeout_s=60)
+    failed = outcome(_rec(501, "n5"), [_ev(501, "n5", "failed", 65, error="timed out after 60s")], {})
+    joined = outcome(_rec(502, "n6"), [_ev(502, "n6", e, t) for e, t in (("launch", 4), ("ready", 10), ("joined", 16))],
+                     {})
+    live = replace(job(501, nodes=("n5",)), node_count=1)
+    snap = snapshot([u.job, live], [node("n1", used=4), node("n5", used=4), node("n6", used=4)])
+    outcomes = [(_rec(501, "n5"), failed), (_rec(502, "n6"), joined)]
+    verdicts = decide_prewarms({100: u}, outcomes, snap, NOW, ends=())
+    assert [(v.decision.reason, v.cancel) for v in verdicts] == [
+        ("PREWARM_FAILED", CancelExtension(100, 501, "PREWARM_FAILED", ("n5",))), ("COLD_START", None)]
+    assert "(--prewarm-timeout 60s)" in verdicts[0].decision.message
+    dry = decide_prewarms({100: u}, outcomes, snap, NOW, ends=(), dry_run=True)
+    assert [v.cancel for v in dry] == [None, None] and dry[0].decision.inputs["ended_by"] == "job"
+    gone = snapshot([u.job], [node("n1", used=4)])  # Slurm no longer holds it: nothing to cancel
+    assert decide_prewarms({100: u}, outcomes, gone, NOW, ends=())[0].cancel is None
+    assert decide_prewarms({100: u}, outcomes, snap, NOW, ends=()) == verdicts  # the same facts, the same verdicts
