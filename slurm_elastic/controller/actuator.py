@@ -31,7 +31,7 @@ from typing import Any
 from slurm_elastic.controller.cancels import cancel_extension, resolve_cancel
 from slurm_elastic.controller.extension import build_request, prewarm_of, rendezvous_endpoint
 from slurm_elastic.controller.notices import NoticeBoard, NoticeError
-from slurm_elastic.controller.verdicts import CancelExtension
+from slurm_elastic.controller.rulings import CancelExtension, CycleContext
 from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.policy import Decision
 from slurm_elastic.policy.moldable import Mold
@@ -40,7 +40,7 @@ from slurm_elastic.slurm.adapter import Molder, ResizeRefusedError, SlurmControl
 from slurm_elastic.slurm.errors import SlurmError, SlurmJobNotFoundError, SlurmTransientError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store.protocols import ActuatorStore
-from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, FencingToken
+from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +51,6 @@ FaultHook = Callable[[str], None]
 
 def _no_fault(step: str) -> None:
     return None
-
-
-@dataclass(frozen=True)
-class CycleContext:
-    """What every action of one cycle shares."""
-
-    cycle_id: int
-    token: FencingToken | None
-    now: datetime
 
 
 @dataclass

@@ -11,17 +11,13 @@ carries no GPUs (``reclaimed`` counts only what a job gave back) and is no resiz
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from slurm_elastic.controller.verdicts import LIVE_STATES, CancelExtension
+from slurm_elastic.controller.rulings import LIVE_STATES, CancelExtension, CycleContext
 from slurm_elastic.slurm.adapter import SlurmControl
 from slurm_elastic.slurm.errors import SlurmError, SlurmJobNotFoundError, SlurmTransientError
 from slurm_elastic.slurm.model import ClusterSnapshot
 from slurm_elastic.store.protocols import ActuatorStore
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState
-
-if TYPE_CHECKING:
-    from slurm_elastic.controller.actuator import CycleContext
 
 
 def cancel_key(extension_job: int) -> str:

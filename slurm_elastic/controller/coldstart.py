@@ -37,7 +37,7 @@ from typing import Any
 from slurm_elastic.controller.backoff import backoff_note, backoff_text, backoff_with, extension_ends
 from slurm_elastic.controller.goodput import FileState, Refused, read_job_file
 from slurm_elastic.controller.power import PowerTracker
-from slurm_elastic.controller.verdicts import LIVE_STATES, CancelExtension, Verdict
+from slurm_elastic.controller.rulings import LIVE_STATES, CancelExtension, Ruling
 from slurm_elastic.goodput import DIR_NAME
 from slurm_elastic.policy import Action, ElasticUnit, Reason
 from slurm_elastic.policy.holds import Backoff
@@ -145,16 +145,16 @@ def cold_start_decision(unit: ElasticUnit, rec: ExtensionRecord, o: PrewarmOutco
 
 def decide_prewarms(units: Mapping[int, ElasticUnit], outcomes: Sequence[tuple[ExtensionRecord, PrewarmOutcome]],
                     snap: ClusterSnapshot, now: datetime, *, ends: Iterable[ExtensionEnd],
-                    dry_run: bool = False) -> list[Verdict]:
+                    dry_run: bool = False) -> list[Ruling]:
     """A PREWARM_FAILED hold (with the cancel of the extension while Slurm holds it; not in dry-run) or a
     COLD_START hold for each concluded prewarm in ``outcomes``. ``ends``: the grows that ended in the back-off's
     look-back (controller/backoff.py). Pure."""
     seen = list(ends)
-    out: list[Verdict] = []
+    out: list[Ruling] = []
     for rec, o in outcomes:
         unit = units[rec.parent_job_id]
         if o.kind != "failed":
-            out.append(Verdict(cold_start_decision(unit, rec, o)))
+            out.append(Ruling(cold_start_decision(unit, rec, o)))
             continue
         job = snap.job(rec.job_id)
         cancel = not dry_run and job is not None and job.state in LIVE_STATES
@@ -163,7 +163,7 @@ def decide_prewarms(units: Mapping[int, ElasticUnit], outcomes: Sequence[tuple[E
         seen.append(end)
         d = failed_decision(unit, rec, o, unit.spec.prewarm_timeout_s, cancelled=cancel, backoff=b)
         nodes = tuple(n for n in (rec.nodelist or "").split(",") if n)
-        out.append(Verdict(d, CancelExtension(unit.unit_id, rec.job_id, d.reason, nodes) if cancel else None))
+        out.append(Ruling(d, CancelExtension(unit.unit_id, rec.job_id, d.reason, nodes) if cancel else None))
     return out
 
 
@@ -183,8 +183,8 @@ class ColdStarts:
         return out
 
     def decide(self, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
-               dry_run: bool = False) -> list[Verdict]:
-        """This cycle's concluded prewarms as verdicts (:func:`decide_prewarms`); the cycle records them and has
+               dry_run: bool = False) -> list[Ruling]:
+        """This cycle's concluded prewarms as rulings (:func:`decide_prewarms`); the cycle records them and has
         the actuator cancel. Reads the store's records and the prewarm files; writes nothing."""
         warm = {uid: u for uid, u in units.items() if u.spec.prewarm is not None and u.job.working_dir}
         if not warm:
@@ -202,9 +202,9 @@ class ColdStarts:
         if not outcomes:
             return []
         ends = extension_ends(self.store, now) if any(o.kind == "failed" for _, o in outcomes) else []
-        verdicts = decide_prewarms(warm, outcomes, snap, now, ends=ends, dry_run=dry_run)
+        rulings = decide_prewarms(warm, outcomes, snap, now, ends=ends, dry_run=dry_run)
         self.done.update(rec.job_id for rec, _ in outcomes)
-        return verdicts
+        return rulings
 
     @staticmethod
     def _path(unit: ElasticUnit) -> str:

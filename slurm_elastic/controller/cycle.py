@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from slurm_elastic.controller.actuator import Actuator, CycleContext
+from slurm_elastic.controller.actuator import Actuator
 from slurm_elastic.controller.admits import AdmitFollower
 from slurm_elastic.controller.backoff import extension_ends
 from slurm_elastic.controller.coldstart import ColdStarts
@@ -43,9 +43,9 @@ from slurm_elastic.controller.ports import AgentCollector, Clock, ControllerStor
 from slurm_elastic.controller.power import ResumeFailures
 from slurm_elastic.controller.progress import journal_since, with_progress
 from slurm_elastic.controller.reconcile import is_known_key, reconcile_pass
+from slurm_elastic.controller.rulings import CycleContext, Ruling
 from slurm_elastic.controller.shares import AccountingCache
 from slurm_elastic.controller.units import SpecCache, build_units
-from slurm_elastic.controller.verdicts import Verdict
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import (
     Action,
@@ -273,11 +273,11 @@ class Controller:
         """The controller's own deciders (pure, on this cycle's facts), each followed by its write step: an
         earlier one's records are facts for the next (a failed resume is not also a loss)."""
         snap, units, now, dry = facts.snap, facts.by_id, ctx.now, self.cfg.dry_run
-        self._write_verdicts(self.power.decide(units, snap, now, resume_timeout_s=facts.resume_timeout, dry_run=dry,
+        self._write_rulings(self.power.decide(units, snap, now, resume_timeout_s=facts.resume_timeout, dry_run=dry,
                                                backoff_s=self.policy.power_resume_backoff_s), ctx, summary)
-        self._write_verdicts(self.coldstart.decide(units, snap, now, dry_run=dry), ctx, summary)
+        self._write_rulings(self.coldstart.decide(units, snap, now, dry_run=dry), ctx, summary)
         self.joins.note(units, snap, now)  # grows whose extension joined: the GPUs granted (grants.py)
-        self._write_verdicts(self.losses.decide(units, snap, now, previous_nodes=facts.before), ctx, summary)
+        self._write_rulings(self.losses.decide(units, snap, now, previous_nodes=facts.before), ctx, summary)
 
     def _policy_input(self, facts: CycleFacts, now: datetime) -> tuple[PolicyConfig, PolicyInput]:
         """The policy in force (paused jobs held) and its input, built from this cycle's facts."""
@@ -289,7 +289,9 @@ class Controller:
                 self.metrics.admits.labels(admitted.outcome).inc()
         policy = with_paused_jobs(self.policy, paused_units(facts.units, self.store.pauses.list_pauses()))
         builder = PolicyInputBuilder(policy, now, self.cfg.interval_s)
-        samples, measures = self.observer.measure(snap, facts.units, builder, self.metrics)
+        m = self.metrics
+        samples, measures = self.observer.measure(snap, facts.units, builder,
+                                                  None if m is None else lambda n: m.scrape_errors.labels(n).inc())
         if any(u.spec.prewarm is not None for u in facts.units):  # measured cold starts: the restart cost
             for uid, cost in self.coldstart.restart_s(now).items():
                 if uid in measures:
@@ -346,14 +348,14 @@ class Controller:
             log.warning("cannot read the batch script of job %d: %s", job_id, e)
             return None
 
-    def _write_verdicts(self, verdicts: Sequence[Verdict], ctx: CycleContext, summary: CycleSummary) -> None:
+    def _write_rulings(self, rulings: Sequence[Ruling], ctx: CycleContext, summary: CycleSummary) -> None:
         """The write step of the controller's deciders: record their decisions, then (outside dry-run) have the
         actuator carry out the cancels they ask for, each journaled first. One unit's failure never stops the
         cycle."""
-        if not verdicts:
+        if not rulings:
             return
-        ids = self.store.decisions.record_decisions(ctx.cycle_id, [v.decision for v in verdicts], fencing=ctx.token)
-        for v, decision_id in zip(verdicts, ids, strict=True):
+        ids = self.store.decisions.record_decisions(ctx.cycle_id, [v.decision for v in rulings], fencing=ctx.token)
+        for v, decision_id in zip(rulings, ids, strict=True):
             d = v.decision
             log.log(logging.INFO if d.action == str(Action.HOLD) and d.reason == str(Reason.COLD_START)
                     else logging.WARNING, "job %d: %s %s->%s (%s: %s)", d.job_id, d.action, d.current_nodes,

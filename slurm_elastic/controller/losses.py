@@ -10,7 +10,7 @@ shrank, and nobody decided it. This module makes that shrink a decision on recor
 * :func:`find_losses` (pure) compares the store's extension records with the snapshot: an extension in state
   ``PREEMPTED`` (reason ``PREEMPTED_BY_SLURM``) or ``NODE_FAIL`` (``NODE_FAILURE``), or still running on a node
   that is ``DOWN`` (``NODE_FAILURE``: with ``--no-kill`` a multi-node extension outlives a lost node). A node
-  that is only ``NOT_RESPONDING`` is not a loss yet: ``SlurmdTimeout`` is the site's verdict on when a silent
+  that is only ``NOT_RESPONDING`` is not a loss yet: ``SlurmdTimeout`` is the site's ruling on when a silent
   node is dead, and the job on it keeps running if it answers again.
 * :class:`LossRecorder` has the cycle record each loss exactly once as a ``shrink`` decision with
   ``current -> target`` node counts and inputs naming the extension job, its nodes, the lost nodes and the Slurm
@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from slurm_elastic.controller.verdicts import Verdict
+from slurm_elastic.controller.rulings import Ruling
 from slurm_elastic.policy import Action, ElasticUnit, Outcome, Reason, ResizeRecord
 from slurm_elastic.slurm.model import ClusterSnapshot, Node
 from slurm_elastic.store.protocols import ControllerStore
@@ -177,7 +177,7 @@ class LossRecorder:
         return out
 
     def decide(self, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
-               previous_nodes: Mapping[int, Sequence[str]] | None = None) -> list[Verdict]:
+               previous_nodes: Mapping[int, Sequence[str]] | None = None) -> list[Ruling]:
         """The losses not recorded before, as shrink decisions for the cycle to record (also in dry-run: the loss
         happened in Slurm whatever the controller does). ``previous_nodes`` are the leaders' node lists as last
         observed (the store's job records before this cycle updates them), for leader node losses. Recorded
@@ -189,7 +189,7 @@ class LossRecorder:
                 by_unit.setdefault(rec.parent_job_id, []).append(rec)
         leader_suspects = {uid: prev for uid, prev in (previous_nodes or {}).items()
                            if uid in units and find_leader_losses(units[uid], prev, snap)}
-        out: list[Verdict] = []
+        out: list[Ruling] = []
         for unit_id in sorted(set(by_unit) | set(leader_suspects)):
             unit = units[unit_id]
             records = by_unit.get(unit_id, [])
@@ -200,7 +200,7 @@ class LossRecorder:
             if unit_id in leader_suspects:
                 losses += find_leader_losses(unit, leader_suspects[unit_id], snap,
                                              self._released_by_us(unit_id, now), already)
-            out.extend(Verdict(d) for d in loss_decisions(unit, losses))
+            out.extend(Ruling(d) for d in loss_decisions(unit, losses))
         return out
 
     def _released_by_us(self, unit_id: int, now: datetime) -> set[str]:

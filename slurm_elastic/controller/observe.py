@@ -7,7 +7,7 @@ The controller (controller/cycle.py) owns one :class:`Observer`; nothing here de
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -15,7 +15,6 @@ from slurm_elastic.controller.collect import CollectResult, merge_job
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.goodput import GoodputReader, StoreJournal
 from slurm_elastic.controller.gradstats import GradStatsReader
-from slurm_elastic.controller.metrics import ControllerMetrics
 from slurm_elastic.controller.ports import AgentCollector, ControllerStore, SlurmControl
 from slurm_elastic.controller.power import note_powered_down
 from slurm_elastic.controller.reconcile import ACTIVE, FinalStates
@@ -82,7 +81,8 @@ class Observer:
         return parts
 
     def measure(self, snap: ClusterSnapshot, units: tuple[ElasticUnit, ...], builder: PolicyInputBuilder,
-                metrics: ControllerMetrics | None) -> tuple[dict[int, list[SampleRecord]], dict[int, UnitMeasure]]:
+                scrape_error: Callable[[str], None] | None = None
+                ) -> tuple[dict[int, list[SampleRecord]], dict[int, UnitMeasure]]:
         """The I/O behind the units' utilization: ask the metrics source (every agent, or Prometheus: the
         collector chosen at start), store one sample per unit, read back each unit's samples of its window and,
         where its settings use it, the goodput the job published."""
@@ -95,8 +95,8 @@ class Observer:
                          gpu_count=result.gpu_count(node)) for node, report in result.reports.items()]
             + [AgentScrape(node, result.url(node, agents), error=err) for node, err in result.errors.items()])
         for node in result.errors:
-            if metrics is not None:
-                metrics.scrape_errors.labels(node).inc()
+            if scrape_error is not None:  # the metrics' count of failed scrapes, per node
+                scrape_error(node)
         new: list[NewSample] = []
         measures: dict[int, UnitMeasure] = {}
         for u in units:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from slurm_elastic.controller.backoff import backoff_note, backoff_text, backoff_with, extension_ends
-from slurm_elastic.controller.verdicts import LIVE_STATES, CancelExtension, Verdict
+from slurm_elastic.controller.rulings import LIVE_STATES, CancelExtension, Ruling
 from slurm_elastic.policy import Action, ElasticUnit, PowerState, Reason
 from slurm_elastic.policy.holds import Backoff
 from slurm_elastic.policy.model import ExtensionEnd
@@ -143,12 +143,12 @@ def failure_decision(unit: ElasticUnit, f: ResumeFailure, resume_timeout_s: floa
 def decide_resume_failures(units: Mapping[int, ElasticUnit], records: Sequence[ExtensionRecord],
                            snap: ClusterSnapshot, failed: Mapping[str, str], now: datetime, *,
                            ends: Iterable[ExtensionEnd], resume_timeout_s: float | None, dry_run: bool = False,
-                           backoff_s: int | None = None) -> list[Verdict]:
+                           backoff_s: int | None = None) -> list[Ruling]:
     """The RESUME_FAILED holds for the resumes in ``failed`` (PowerTracker.observe), each with the cancel of its
     extension job while Slurm still holds it (not in dry-run). ``ends``: the grows that ended in the back-off's
     look-back (controller/backoff.py), so each record names the back-off it starts. Pure."""
     seen = list(ends)
-    out: list[Verdict] = []
+    out: list[Ruling] = []
     for f in find_resume_failures(units, records, snap, failed):
         job = snap.job(f.extension_job)
         cancel = not dry_run and job is not None and job.state in LIVE_STATES
@@ -159,7 +159,7 @@ def decide_resume_failures(units: Mapping[int, ElasticUnit], records: Sequence[E
         seen.append(end)
         d = failure_decision(units[f.unit_id], f, resume_timeout_s, cancelled=cancel, backoff_s=backoff_s, now=now,
                              backoff=b)
-        out.append(Verdict(d, CancelExtension(f.unit_id, f.extension_job, d.reason, f.nodes) if cancel else None))
+        out.append(Ruling(d, CancelExtension(f.unit_id, f.extension_job, d.reason, f.nodes) if cancel else None))
     return out
 
 
@@ -172,8 +172,8 @@ class ResumeFailures:
 
     def decide(self, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
                resume_timeout_s: float | None, dry_run: bool = False, backoff_s: int | None = None
-               ) -> list[Verdict]:
-        """This snapshot's failed resumes as verdicts; the cycle records them and has the actuator cancel."""
+               ) -> list[Ruling]:
+        """This snapshot's failed resumes as rulings; the cycle records them and has the actuator cancel."""
         failed = self.tracker.observe(snap, now)
         if not failed:
             return []

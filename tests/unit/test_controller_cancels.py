@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 
 from slurm_elastic.api.usage import resize_time
-from slurm_elastic.controller.actuator import Actuator, CycleContext
+from slurm_elastic.controller.actuator import Actuator
 from slurm_elastic.controller.cancels import cancel_key
 from slurm_elastic.controller.reconcile import FinalStates, reconcile_pass
-from slurm_elastic.controller.verdicts import CancelExtension
+from slurm_elastic.controller.rulings import CancelExtension, CycleContext
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.runner import CommandRunner, RetryPolicy, SlurmCommands
 from slurm_elastic.store import SqlStore

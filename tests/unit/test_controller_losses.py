@@ -283,7 +283,7 @@ def _preempted_extension(clock: FakeClock) -> tuple[SqlStore, ClusterSnapshot, E
 
 def _record(store: SqlStore, rec: LossRecorder, cycle: int, unit: ElasticUnit, snap: ClusterSnapshot, now: Any,
             fencing: Any = None) -> list[NewDecision]:
-    """The cycle's losses step: decide, then record (controller/cycle.py: _write_verdicts)."""
+    """The cycle's losses step: decide, then record (controller/cycle.py: _write_rulings)."""
     new = [v.decision for v in rec.decide({unit.unit_id: unit}, snap, now)]
     if new:
         store.decisions.record_decisions(cycle, new, fencing=fencing)

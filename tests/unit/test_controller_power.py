@@ -15,7 +15,7 @@ from slurm_elastic.controller.power import (
     failure_decision,
     find_resume_failures,
 )
-from slurm_elastic.controller.verdicts import CancelExtension, Verdict
+from slurm_elastic.controller.rulings import CancelExtension, Ruling
 from slurm_elastic.policy.capacity import is_resumable_node
 from slurm_elastic.slurm.accounting import parse_resume_timeout
 from slurm_elastic.slurm.model import Node
@@ -90,10 +90,10 @@ def test_failed_resume_under_an_extension_keeps_the_unit_at_its_size() -> None:
     assert not find_resume_failures({100: u}, [_rec(501, 100, "n2")], snap, {"n5": "IDLE"})
 
 
-def _record(store: Any, cycle: int, verdicts: list[Verdict]) -> list[NewDecision]:
-    """The cycle's write step for these verdicts (controller/cycle.py: _write_verdicts), without Slurm."""
-    store.decisions.record_decisions(cycle, [v.decision for v in verdicts])
-    return [v.decision for v in verdicts]
+def _record(store: Any, cycle: int, rulings: list[Ruling]) -> list[NewDecision]:
+    """The cycle's write step for these rulings (controller/cycle.py: _write_rulings), without Slurm."""
+    store.decisions.record_decisions(cycle, [v.decision for v in rulings])
+    return [v.decision for v in rulings]
 
 
 def test_the_shell_asks_for_the_cancel_records_once_and_backs_the_node_off() -> None:
@@ -147,14 +147,14 @@ def test_the_resume_failure_decider_is_pure_and_cancels_only_a_live_extension_ou
     ended = replace(job(502, nodes=(), state="NODE_FAIL"), node_count=1)
     snap = snapshot([u.job, live, ended], [node("n1", used=4), _n("n5", "POWERED_DOWN"), _n("n6", "POWERED_DOWN")])
     failed = {"n5": "IDLE+CLOUD+POWERED_DOWN", "n6": "IDLE+CLOUD+POWERED_DOWN"}
-    verdicts = decide_resume_failures({100: u}, recs, snap, failed, NOW, ends=(), resume_timeout_s=30.0,
+    rulings = decide_resume_failures({100: u}, recs, snap, failed, NOW, ends=(), resume_timeout_s=30.0,
                                       backoff_s=1800)
-    assert [(v.decision.reason, v.cancel) for v in verdicts] == [
+    assert [(v.decision.reason, v.cancel) for v in rulings] == [
         ("RESUME_FAILED", CancelExtension(100, 501, "RESUME_FAILED", ("n5",))), ("RESUME_FAILED", None)]
     # the second failure of the unit in one cycle counts the first: two failed grows back off longer
-    assert [v.decision.inputs["failed_grows"] for v in verdicts] == [1, 2]
-    assert "extension job ended by Slurm (NODE_FAIL)" in verdicts[1].decision.message
+    assert [v.decision.inputs["failed_grows"] for v in rulings] == [1, 2]
+    assert "extension job ended by Slurm (NODE_FAIL)" in rulings[1].decision.message
     dry = decide_resume_failures({100: u}, recs, snap, failed, NOW, ends=(), resume_timeout_s=30.0, dry_run=True)
     assert [v.cancel for v in dry] == [None, None] and "cancelled" not in dry[0].decision.message
     assert decide_resume_failures({100: u}, recs, snap, failed, NOW, ends=(), resume_timeout_s=30.0,
-                                  backoff_s=1800) == verdicts  # the same facts, the same verdicts
+                                  backoff_s=1800) == rulings  # the same facts, the same rulings

@@ -17,8 +17,8 @@ from slurm_elastic import prewarm, resize
 from slurm_elastic.controller.coldstart import ColdStarts, decide_prewarms, outcome, restart_cost
 from slurm_elastic.controller.extension import build_request, prewarm_of
 from slurm_elastic.controller.power import PowerTracker
+from slurm_elastic.controller.rulings import CancelExtension, Ruling
 from slurm_elastic.controller.units import SpecCache, spec_for
-from slurm_elastic.controller.verdicts import CancelExtension, Verdict
 from slurm_elastic.directives.words import Word, WordError, command_argv, split_words
 from slurm_elastic.policy.inputs import UnitMeasure, utilization
 from slurm_elastic.slurm.model import Job
@@ -184,10 +184,10 @@ def test_the_shell_cancels_a_failed_prewarm_and_records_cold_starts_as_restart_c
     snap = snapshot([leader, ext], [node("n1", used=4), node("n5", used=4), node("n6", used=4)])
     cycle = store.decisions.begin_cycle()
 
-    def decide_and_record(shell: ColdStarts) -> list[Verdict]:  # the cycle's write step, without Slurm
-        verdicts = shell.decide({100: u}, snap, NOW)
-        store.decisions.record_decisions(cycle, [v.decision for v in verdicts])
-        return verdicts
+    def decide_and_record(shell: ColdStarts) -> list[Ruling]:  # the cycle's write step, without Slurm
+        rulings = shell.decide({100: u}, snap, NOW)
+        store.decisions.record_decisions(cycle, [v.decision for v in rulings])
+        return rulings
 
     (v,) = decide_and_record(shell)
     d = v.decision
@@ -232,12 +232,12 @@ def test_the_prewarm_decider_is_pure_and_cancels_only_a_live_extension_outside_d
     live = replace(job(501, nodes=("n5",)), node_count=1)
     snap = snapshot([u.job, live], [node("n1", used=4), node("n5", used=4), node("n6", used=4)])
     outcomes = [(_rec(501, "n5"), failed), (_rec(502, "n6"), joined)]
-    verdicts = decide_prewarms({100: u}, outcomes, snap, NOW, ends=())
-    assert [(v.decision.reason, v.cancel) for v in verdicts] == [
+    rulings = decide_prewarms({100: u}, outcomes, snap, NOW, ends=())
+    assert [(v.decision.reason, v.cancel) for v in rulings] == [
         ("PREWARM_FAILED", CancelExtension(100, 501, "PREWARM_FAILED", ("n5",))), ("COLD_START", None)]
-    assert "(--prewarm-timeout 60s)" in verdicts[0].decision.message
+    assert "(--prewarm-timeout 60s)" in rulings[0].decision.message
     dry = decide_prewarms({100: u}, outcomes, snap, NOW, ends=(), dry_run=True)
     assert [v.cancel for v in dry] == [None, None] and dry[0].decision.inputs["ended_by"] == "job"
     gone = snapshot([u.job], [node("n1", used=4)])  # Slurm no longer holds it: nothing to cancel
     assert decide_prewarms({100: u}, outcomes, gone, NOW, ends=())[0].cancel is None
-    assert decide_prewarms({100: u}, outcomes, snap, NOW, ends=()) == verdicts  # the same facts, the same verdicts
+    assert decide_prewarms({100: u}, outcomes, snap, NOW, ends=()) == rulings  # the same facts, the same rulings
