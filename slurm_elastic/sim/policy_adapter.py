@@ -50,7 +50,8 @@ Modelling rules (docs/simulator.md, "The production policy in the simulator", sa
   pending jobs it was for, so the admit back-off works.
 * **Grow back-off and power.** The facts the controller gives the grow back-off and the power rules come from the
   controller's code: a grow the engine did not apply is a refused grow (controller/backoff.py
-  ``refused_grow_end``: GROW_BACKOFF), an extension cut by a shrink an end by us; a cold node (sim/power.py) shows
+  ``refused_grow_end``: GROW_BACKOFF; on a real cluster such a grow may instead pend as an extension job, so
+  this is the stricter reading), an extension cut by a shrink an end by us; a cold node (sim/power.py) shows
   ``POWERED_DOWN``/``POWERING_UP`` and the controller's PowerTracker measures its resume time (``power_state``),
   so the power walk charges its resume. Resumes never fail here (no RESUME_FAILED), and prewarms are not
   modelled. tests/unit/test_policy_input_paths_facts.py replays one such run through the controller.
