@@ -45,9 +45,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from slurm_elastic.controller.cycle import job_observation  # noqa: E402
 from slurm_elastic.controller.extension import ExtensionTag  # noqa: E402
 from slurm_elastic.controller.hold_filter import HoldFilter  # noqa: E402
+from slurm_elastic.controller.observe import job_observation  # noqa: E402
 from slurm_elastic.controller.units import SpecCache, UnitsResult, build_units  # noqa: E402
 from slurm_elastic.policy import Decision, JobUtilization, PolicyInput, config_from_mapping, decide  # noqa: E402
 from slurm_elastic.slurm.decode import JobMemo, read_nodes, read_squeue  # noqa: E402

@@ -15,6 +15,7 @@ Such a failure ends when the controller saw it fail (its record's ``failed_at``;
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from slurm_elastic.policy.holds import LOOKBACK_S, Backoff, backoff_until, grow_backoff
@@ -60,9 +61,14 @@ def extension_ends(store: ControllerStore, now: datetime, job_id: int | None = N
         out.append(ExtensionEnd(unit, ext, why, at, at, failure=why))
     for a in store.journal.list_actions(job_id=job_id, since=since, states=[ActionState.FAILED]):
         if a.kind == ActionKind.GROW:
-            out.append(ExtensionEnd(a.job_id, 0, "REFUSED", a.created_at, a.finished_at or a.updated_at,
-                                    failure=REFUSED))
+            out.append(refused_grow_end(a.job_id, a.created_at, a.finished_at or a.updated_at))
     return out
+
+
+def refused_grow_end(unit_id: int, decided_at: datetime, failed_at: datetime) -> ExtensionEnd:
+    """A grow journaled FAILED (no extension job ran) as the back-off counts it: the controller's refused sbatch,
+    the simulator's grow the engine could not apply (sim/policy_adapter.py). Pure."""
+    return ExtensionEnd(unit_id, 0, "REFUSED", decided_at, failed_at, failure=REFUSED)
 
 
 def unit_backoff(store: ControllerStore, job_id: int, now: datetime) -> Backoff | None:
@@ -72,8 +78,14 @@ def unit_backoff(store: ControllerStore, job_id: int, now: datetime) -> Backoff 
 
 def backoff_after(store: ControllerStore, unit_id: int, failed: ExtensionEnd, now: datetime) -> Backoff | None:
     """The unit's grow back-off once ``failed`` (a failure being recorded now) counts: for its record's text."""
-    ends = [e for e in extension_ends(store, now, unit_id) if e.job_id != failed.job_id or failed.job_id == 0]
-    return grow_backoff([*ends, failed], now)
+    return backoff_with(extension_ends(store, now, unit_id), unit_id, failed, now)
+
+
+def backoff_with(ends: Iterable[ExtensionEnd], unit_id: int, failed: ExtensionEnd, now: datetime) -> Backoff | None:
+    """The unit's grow back-off once ``failed`` counts, from the look-back's ``ends`` (:func:`extension_ends` of
+    every unit, read before this cycle recorded anything). Pure: :func:`backoff_after` without the store."""
+    mine = [e for e in ends if e.unit_id == unit_id and (e.job_id != failed.job_id or failed.job_id == 0)]
+    return grow_backoff([*mine, failed], now)
 
 
 def backoff_note(b: Backoff | None) -> dict[str, object]:

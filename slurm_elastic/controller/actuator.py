@@ -11,6 +11,9 @@ then re-check the plan against the current snapshot (never below min, never the 
 cancel extension jobs (newest first), shrink a partly released extension in place, then release leader nodes with
 ``scontrol update NodeList=``. A shrink called off withdraws its notice.
 
+Cancel: an extension job whose grow failed before it joined (a failed resume or prewarm) is cancelled under a
+journaled ``cancel_extension`` action (controller/cancels.py), finished by reconcile after a crash.
+
 Every resize is announced to the training processes first (slurm_elastic/resize.py, controller/notices.py): a
 shrink's notice lasts its grace period; a grow's notice is written just before the extension job is submitted,
 and the extension job's launcher starts its workers once the running ones have acknowledged (at most
@@ -25,8 +28,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from slurm_elastic.controller.cancels import cancel_extension, resolve_cancel
 from slurm_elastic.controller.extension import build_request, prewarm_of, rendezvous_endpoint
 from slurm_elastic.controller.notices import NoticeBoard, NoticeError
+from slurm_elastic.controller.rulings import CancelExtension, CycleContext
+from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.policy import Decision
 from slurm_elastic.policy.moldable import Mold
 from slurm_elastic.resize import Notice, make_notice
@@ -34,7 +40,7 @@ from slurm_elastic.slurm.adapter import Molder, ResizeRefusedError, SlurmControl
 from slurm_elastic.slurm.errors import SlurmError, SlurmJobNotFoundError, SlurmTransientError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store.protocols import ActuatorStore
-from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, FencingToken
+from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +51,6 @@ FaultHook = Callable[[str], None]
 
 def _no_fault(step: str) -> None:
     return None
-
-
-@dataclass(frozen=True)
-class CycleContext:
-    """What every action of one cycle shares."""
-
-    cycle_id: int
-    token: FencingToken | None
-    now: datetime
 
 
 @dataclass
@@ -103,7 +100,9 @@ class Actuator:
         return f"; notice {notice.kind} due in {notice.deadline - notice.time:.0f}s"
 
     # --- grow ------------------------------------------------------------------------------------------
-    def grow(self, d: Decision, snap: ClusterSnapshot, decision_id: int | None, ctx: CycleContext) -> str:
+    def grow(self, d: Decision, snap: ClusterSnapshot, decision_id: int | None, ctx: CycleContext, *,
+             spec: ElasticSpec) -> str:
+        """``spec``: the unit's directives as controller/units.py read them (its ``--prewarm``)."""
         assert d.grow is not None
         unit = snap.job(d.unit_id)
         if unit is None:
@@ -125,7 +124,7 @@ class Actuator:
         try:
             script_owner = unit.het_job_id if unit.het_job_id is not None else unit.job_id
             script = self.slurm.batch_script(script_owner)
-            prewarm = prewarm_of(unit, script)
+            prewarm = prewarm_of(spec)
             if prewarm is None:
                 notice = make_notice("grow", notice_s, now=now.timestamp(), from_nodes=d.current_nodes,
                                      to_nodes=d.target_nodes, notice_id=key)
@@ -326,6 +325,15 @@ class Actuator:
         self.store.jobs.add_time_limit(leader.job_id, add_min)
         return f"; time limit {leader.time_limit_min} -> {new} min (+{add_min}min)"
 
+
+    # --- cancel of a failed grow's extension job (controller/cancels.py) ----------------------------------------
+    def cancel_extension(self, c: CancelExtension, decision_id: int | None, ctx: CycleContext) -> str:
+        """Journal, then scancel an extension job whose grow failed before it joined."""
+        return cancel_extension(self.slurm, self.store, c, decision_id=decision_id, ctx=ctx, fault=self.fault)
+
+    def resolve_cancel(self, action: ActionRecord, snap: ClusterSnapshot) -> str:
+        """An open cancel after a crash or a transient refusal: finish it (reconcile)."""
+        return resolve_cancel(self.slurm, self.store, action, snap)
 
     # --- moldable start ----------------------------------------------------------------------------------------
     def mold(self, m: Mold, snap: ClusterSnapshot, decision_id: int | None, ctx: CycleContext) -> str:

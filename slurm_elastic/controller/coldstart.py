@@ -6,7 +6,8 @@ An extension job of a unit with ``--prewarm`` runs the command on each new node 
 files: controller/goodput.py's read_job_file; only new bytes each cycle). Per extension job:
 
 * **failed** on any node (the command exited non-zero, was not found, or ran past ``--prewarm-timeout``; or the
-  other nodes were not ready in time): the extension job is cancelled if Slurm still holds it, and a
+  other nodes were not ready in time): the extension job is cancelled if Slurm still holds it (a journaled
+  ``cancel_extension`` the actuator carries out, controller/cancels.py), and a
   ``PREWARM_FAILED`` hold is recorded with the node and why. The extension never joined and the leader was never
   told (its launcher posts the grow notice only once every new node is ready), so the unit keeps its size.
 * **joined** on all its nodes: a ``COLD_START`` hold on record with the grow's phases, back to back from the
@@ -28,14 +29,15 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from slurm_elastic.backoff import backoff_after, backoff_note, backoff_text
+from slurm_elastic.backoff import backoff_note, backoff_text, backoff_with, extension_ends
 from slurm_elastic.controller.goodput import FileState, Refused, read_job_file
 from slurm_elastic.controller.power import PowerTracker
+from slurm_elastic.controller.rulings import LIVE_STATES, CancelExtension, Ruling
 from slurm_elastic.goodput import DIR_NAME
 from slurm_elastic.policy import Action, ElasticUnit, Reason
 from slurm_elastic.policy.holds import Backoff
@@ -43,7 +45,7 @@ from slurm_elastic.policy.model import ExtensionEnd
 from slurm_elastic.prewarm import Event, parse_event
 from slurm_elastic.slurm.model import ClusterSnapshot
 from slurm_elastic.store.protocols import ControllerStore
-from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, FencingToken, NewDecision
+from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, NewDecision
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +143,33 @@ def cold_start_decision(unit: ElasticUnit, rec: ExtensionRecord, o: PrewarmOutco
         current_nodes=size, target_nodes=size)
 
 
+def decide_prewarms(units: Mapping[int, ElasticUnit], outcomes: Sequence[tuple[ExtensionRecord, PrewarmOutcome]],
+                    snap: ClusterSnapshot, now: datetime, *, ends: Iterable[ExtensionEnd],
+                    dry_run: bool = False) -> list[Ruling]:
+    """A PREWARM_FAILED hold (with the cancel of the extension while Slurm holds it; not in dry-run) or a
+    COLD_START hold for each concluded prewarm in ``outcomes``. ``ends``: the grows that ended in the back-off's
+    look-back (slurm_elastic/backoff.py). Pure."""
+    seen = list(ends)
+    out: list[Ruling] = []
+    for rec, o in outcomes:
+        unit = units[rec.parent_job_id]
+        if o.kind != "failed":
+            out.append(Ruling(cold_start_decision(unit, rec, o)))
+            continue
+        job = snap.job(rec.job_id)
+        cancel = not dry_run and job is not None and job.state in LIVE_STATES
+        end = ExtensionEnd(unit.unit_id, rec.job_id, "PREWARM_FAILED", rec.created_at, now, failure="PREWARM_FAILED")
+        b = backoff_with(seen, unit.unit_id, end, now)
+        seen.append(end)
+        d = failed_decision(unit, rec, o, unit.spec.prewarm_timeout_s, cancelled=cancel, backoff=b)
+        nodes = tuple(n for n in (rec.nodelist or "").split(",") if n)
+        out.append(Ruling(d, CancelExtension(unit.unit_id, rec.job_id, d.reason, nodes) if cancel else None))
+    return out
+
+
 @dataclass
 class ColdStarts:
-    """The shell: reads the prewarm files, cancels failed grows, records cold starts, gives restart costs."""
+    """The shell: reads the prewarm files and records for :func:`decide_prewarms`, gives restart costs."""
 
     store: ControllerStore
     tracker: PowerTracker
@@ -156,9 +182,10 @@ class ColdStarts:
             out += self.store.decisions.list_decisions(DecisionFilter(reason=str(reason), since=now - REMEMBER))
         return out
 
-    def handle(self, cycle_id: int, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
-               cancel: Callable[[int], None], dry_run: bool = False,
-               fencing: FencingToken | None = None) -> list[NewDecision]:
+    def decide(self, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
+               dry_run: bool = False) -> list[Ruling]:
+        """This cycle's concluded prewarms as rulings (:func:`decide_prewarms`); the cycle records them and has
+        the actuator cancel. Reads the store's records and the prewarm files; writes nothing."""
         warm = {uid: u for uid, u in units.items() if u.spec.prewarm is not None and u.job.working_dir}
         if not warm:
             return []
@@ -169,32 +196,15 @@ class ColdStarts:
                    if r.parent_job_id in warm and r.job_id not in self.done]
         for path in set(self.files) - {self._path(u) for u in warm.values()}:
             del self.files[path]  # units that ended
-        written: list[NewDecision] = []
-        for uid in sorted({r.parent_job_id for r in records}):
-            unit = warm[uid]
-            events = self._events(unit, now)
-            for rec in sorted((r for r in records if r.parent_job_id == uid), key=lambda r: r.job_id):
-                o = outcome(rec, events, self.tracker.last_up)
-                if o.kind == "waiting":
-                    continue
-                if o.kind == "failed":
-                    job = snap.job(rec.job_id)
-                    live = job is not None and job.state in {"PENDING", "CONFIGURING", "RUNNING"}
-                    if not dry_run and live:
-                        cancel(rec.job_id)
-                    b = backoff_after(self.store, uid, ExtensionEnd(uid, rec.job_id, "PREWARM_FAILED",
-                                                                    rec.created_at, now, failure="PREWARM_FAILED"),
-                                      now)
-                    d = failed_decision(unit, rec, o, unit.spec.prewarm_timeout_s, cancelled=live and not dry_run,
-                                        backoff=b)
-                    log.warning("job %s: %s", unit.job.display_id, d.message)
-                else:
-                    d = cold_start_decision(unit, rec, o)
-                    log.info("job %s: %s", unit.job.display_id, d.message)
-                self.store.decisions.record_decisions(cycle_id, [d], fencing=fencing)
-                self.done.add(rec.job_id)
-                written.append(d)
-        return written
+        events = {uid: self._events(warm[uid], now) for uid in sorted({r.parent_job_id for r in records})}
+        outcomes = [(rec, o) for rec in sorted(records, key=lambda r: (r.parent_job_id, r.job_id))
+                    if (o := outcome(rec, events[rec.parent_job_id], self.tracker.last_up)).kind != "waiting"]
+        if not outcomes:
+            return []
+        ends = extension_ends(self.store, now) if any(o.kind == "failed" for _, o in outcomes) else []
+        rulings = decide_prewarms(warm, outcomes, snap, now, ends=ends, dry_run=dry_run)
+        self.done.update(rec.job_id for rec, _ in outcomes)
+        return rulings
 
     @staticmethod
     def _path(unit: ElasticUnit) -> str:

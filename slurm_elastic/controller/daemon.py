@@ -27,8 +27,8 @@ from slurm_elastic.controller.actuator import Actuator, FaultHook
 from slurm_elastic.controller.collect import CollectResult, collect_sync
 from slurm_elastic.controller.config import ControllerConfig, load_controller_config
 from slurm_elastic.controller.cycle import Controller
+from slurm_elastic.controller.cycle_stats import observe_cycle
 from slurm_elastic.controller.metrics import ControllerMetrics, serve_metrics
-from slurm_elastic.controller.observe import observe_cycle
 from slurm_elastic.controller.ports import AgentCollector, ControllerStore
 from slurm_elastic.controller.prometheus import PrometheusSource
 from slurm_elastic.errors import ConfigError, SlurmElasticError

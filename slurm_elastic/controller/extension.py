@@ -18,9 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from slurm_elastic.directives import parse_script, select_component
-from slurm_elastic.directives.admin_comment import extract, spec_from_admin_comment
-from slurm_elastic.directives.spec import SpecError
+from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.prewarm import ENV_COMMAND as ENV_PREWARM
 from slurm_elastic.prewarm import ENV_TIMEOUT as ENV_PREWARM_TIMEOUT
 from slurm_elastic.slurm import hostlist
@@ -165,17 +163,10 @@ def build_request(
     return ExtensionRequest(user=leader.user, sbatch_args=tuple(args), env=env, tag=tag)
 
 
-def prewarm_of(job: Job, script: str | bytes) -> tuple[str, int] | None:
-    """The leader's ``--prewarm`` command and timeout: from the spec the job_submit plugin stored, else from its
-    script (the same sources as controller/units.py); None when it has none."""
-    try:
-        if extract(job.admin_comment) is not None:
-            spec = spec_from_admin_comment(job.admin_comment)
-        else:
-            spec = select_component(parse_script(script), job.het_job_offset).spec
-    except SpecError:
-        return None
-    if spec is None or spec.prewarm is None:
+def prewarm_of(spec: ElasticSpec) -> tuple[str, int] | None:
+    """The leader's ``--prewarm`` command and timeout from its spec as controller/units.py read it (the plugin's
+    admin_comment, else its script: parsed once per job there, never again for a grow); None when it has none."""
+    if spec.prewarm is None:
         return None
     return spec.prewarm, spec.prewarm_timeout_s
 

@@ -10,11 +10,12 @@ shrank, and nobody decided it. This module makes that shrink a decision on recor
 * :func:`find_losses` (pure) compares the store's extension records with the snapshot: an extension in state
   ``PREEMPTED`` (reason ``PREEMPTED_BY_SLURM``) or ``NODE_FAIL`` (``NODE_FAILURE``), or still running on a node
   that is ``DOWN`` (``NODE_FAILURE``: with ``--no-kill`` a multi-node extension outlives a lost node). A node
-  that is only ``NOT_RESPONDING`` is not a loss yet: ``SlurmdTimeout`` is the site's verdict on when a silent
+  that is only ``NOT_RESPONDING`` is not a loss yet: ``SlurmdTimeout`` is the site's ruling on when a silent
   node is dead, and the job on it keeps running if it answers again.
-* :class:`LossRecorder` records each loss exactly once as a ``shrink`` decision with ``current -> target`` node
-  counts and inputs naming the extension job, its nodes, the lost nodes and the Slurm state. "Once" holds across
-  cycles and restarts: the decisions table is the record, keyed by (extension job, lost node).
+* :class:`LossRecorder` has the cycle record each loss exactly once as a ``shrink`` decision with
+  ``current -> target`` node counts and inputs naming the extension job, its nodes, the lost nodes and the Slurm
+  state. "Once" holds across cycles and restarts: the decisions table is the record, keyed by (extension job,
+  lost node).
 * :meth:`LossRecorder.history` turns those decisions back into :class:`~slurm_elastic.policy.ResizeRecord`\\ s
   (applied shrinks) for the policy, so a loss starts the unit's cooldown like any resize: the unit does not
   regrow into the same contention at once. The journal is left alone: nothing was done to Slurm, so there is
@@ -32,10 +33,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from slurm_elastic.controller.rulings import Ruling
 from slurm_elastic.policy import Action, ElasticUnit, Outcome, Reason, ResizeRecord
 from slurm_elastic.slurm.model import ClusterSnapshot, Node
 from slurm_elastic.store.protocols import ControllerStore
-from slurm_elastic.store.records import ActionKind, DecisionFilter, ExtensionRecord, FencingToken, NewDecision
+from slurm_elastic.store.records import ActionKind, DecisionFilter, ExtensionRecord, NewDecision
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +159,7 @@ def loss_decisions(unit: ElasticUnit, losses: Sequence[Loss]) -> list[NewDecisio
 
 
 class LossRecorder:
-    """The shell around :func:`find_losses`: reads the store, records decisions once, gives back history."""
+    """The shell around :func:`find_losses`: reads the store for the decisions to record, gives back history."""
 
     def __init__(self, store: ControllerStore) -> None:
         self.store = store
@@ -174,21 +176,20 @@ class LossRecorder:
                     out.update((ext, str(n)) for n in _as_list(d.inputs.get("lost_nodes")))
         return out
 
-    def record(self, cycle_id: int, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot,
-               now: datetime, *, previous_nodes: Mapping[int, Sequence[str]] | None = None,
-               fencing: FencingToken | None = None) -> list[NewDecision]:
-        """Record the losses not recorded before; returns the decisions written. Also in dry-run: the loss
-        happened in Slurm whatever the controller does. ``previous_nodes`` are the leaders' node lists as last
-        observed (the store's job records before this cycle updates them), for leader node losses. With
-        ``fencing`` a controller that lost the lease since its check records nothing (LeaseLostError): the new
-        holder, which reads after taking the lease, records the loss once."""
+    def decide(self, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
+               previous_nodes: Mapping[int, Sequence[str]] | None = None) -> list[Ruling]:
+        """The losses not recorded before, as shrink decisions for the cycle to record (also in dry-run: the loss
+        happened in Slurm whatever the controller does). ``previous_nodes`` are the leaders' node lists as last
+        observed (the store's job records before this cycle updates them), for leader node losses. Recorded
+        under the lease's fencing token, a controller that lost the lease since its check records nothing: the
+        new holder, which reads after taking the lease, records the loss once."""
         by_unit: dict[int, list[ExtensionRecord]] = {}
         for rec in self.store.jobs.extensions(active_only=False, ended_since=now - LOOKBACK):
             if rec.parent_job_id in units:
                 by_unit.setdefault(rec.parent_job_id, []).append(rec)
         leader_suspects = {uid: prev for uid, prev in (previous_nodes or {}).items()
                            if uid in units and find_leader_losses(units[uid], prev, snap)}
-        written: list[NewDecision] = []
+        out: list[Ruling] = []
         for unit_id in sorted(set(by_unit) | set(leader_suspects)):
             unit = units[unit_id]
             records = by_unit.get(unit_id, [])
@@ -199,15 +200,8 @@ class LossRecorder:
             if unit_id in leader_suspects:
                 losses += find_leader_losses(unit, leader_suspects[unit_id], snap,
                                              self._released_by_us(unit_id, now), already)
-            new = loss_decisions(unit, losses)
-            if not new:
-                continue
-            self.store.decisions.record_decisions(cycle_id, new, fencing=fencing)
-            for d in new:
-                log.warning("job %s: %s %s->%s (%s: %s)", unit.job.display_id, d.action, d.current_nodes,
-                            d.target_nodes, d.reason, d.message)
-            written.extend(new)
-        return written
+            out.extend(Ruling(d) for d in loss_decisions(unit, losses))
+        return out
 
     def _released_by_us(self, unit_id: int, now: datetime) -> set[str]:
         out: set[str] = set()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -23,7 +23,9 @@ from prometheus_client.registry import Collector
 
 from slurm_elastic.agent.auth import MetricsAccess
 from slurm_elastic.agent.errors import AuthError
-from slurm_elastic.slurm.model import Job
+from slurm_elastic.controller.extension import parse_tag
+from slurm_elastic.policy import Decision, ElasticUnit, JobUtilization
+from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.records import AgentRecord
 
@@ -202,3 +204,20 @@ def serve_metrics(metrics: ControllerMetrics, access: MetricsAccess, address: st
     httpd = make_server(address, port, metrics_app(metrics, access), Server, handler_class=_QuietHandler)
     threading.Thread(target=httpd.serve_forever, name="metrics-http", daemon=True).start()
     return httpd
+
+
+def cycle_metrics(m: ControllerMetrics, snap: ClusterSnapshot, units: Sequence[ElasticUnit],
+                  utilization: Mapping[int, JobUtilization], decisions: Sequence[Decision], *, now: datetime,
+                  has_spec: Callable[[int], bool]) -> None:
+    """A cycle's per-decision counters and per-job series (``has_spec``: whether a job id is an elastic job's)."""
+    for d in decisions:
+        m.decisions.labels(str(d.action), str(d.reason)).inc()
+    m.jobs((u.unit_id, u.job.user, u.job.partition, u.current_nodes,
+            utilization[u.unit_id].mean_util if u.unit_id in utilization else None) for u in units)
+    waits: dict[str, list[float]] = {}
+    for j in snap.jobs:
+        if j.is_pending and j.submit_time is not None and parse_tag(j.comment) is None:
+            waits.setdefault(j.partition, []).append(max(0.0, (now - j.submit_time).total_seconds()))
+    m.pending(waits)
+    m.finished((j for j in snap.jobs if parse_tag(j.comment) is None), has_spec)  # extensions are their parent's
+

@@ -17,8 +17,9 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
-from slurm_elastic.controller.actuator import Actuator, CycleContext, mold_key
+from slurm_elastic.controller.actuator import Actuator, mold_key
 from slurm_elastic.controller.extension import parse_tag
+from slurm_elastic.controller.rulings import CycleContext
 from slurm_elastic.controller.units import SpecCache, UnitsResult, spec_for
 from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.policy import Decision, ElasticUnit, PolicyConfig

@@ -11,29 +11,31 @@ slurmd registered. This module keeps what the policy needs for that:
   seen ``POWERING_UP`` that is later powered down or down did not come back: Slurm gave up after
   ``ResumeTimeout`` (measured on 22.05: "node n5 not resumed by ResumeTimeout(30) - marking down and power_save";
   the job on it is requeued, or ends ``NODE_FAIL`` when it may not be requeued).
-* :class:`ResumeFailures` (the shell) turns such a failure under an extension job of a unit into: the extension
-  job cancelled, a ``RESUME_FAILED`` hold on record (the unit keeps its size: the extension never ran on the
-  node), and the node in :class:`~slurm_elastic.policy.PowerState`'s ``resume_failed`` for
-  ``power_resume_backoff_s`` (read back from the decisions table, so the back-off survives a restart). A loss of
-  the same (extension, node) is then not also recorded as ``NODE_FAILURE`` (controller/losses.py).
+* :func:`decide_resume_failures` (pure) turns such a failure under an extension job of a unit into: the extension
+  job cancelled (a journaled ``cancel_extension`` the actuator carries out), a ``RESUME_FAILED`` hold on record
+  (the unit keeps its size: the extension never ran on the node), and the node in
+  :class:`~slurm_elastic.policy.PowerState`'s ``resume_failed`` for ``power_resume_backoff_s`` (read back from
+  the decisions table, so the back-off survives a restart). A loss of the same
+  (extension, node) is then not also recorded as ``NODE_FAILURE`` (controller/losses.py).
 """
 
 from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from slurm_elastic.backoff import backoff_after, backoff_note, backoff_text
+from slurm_elastic.backoff import backoff_note, backoff_text, backoff_with, extension_ends
+from slurm_elastic.controller.rulings import LIVE_STATES, CancelExtension, Ruling
 from slurm_elastic.policy import Action, ElasticUnit, PowerState, Reason
 from slurm_elastic.policy.holds import Backoff
 from slurm_elastic.policy.model import ExtensionEnd
 from slurm_elastic.slurm.model import ClusterSnapshot, Node
 from slurm_elastic.store.agents_sql import is_powered_down
 from slurm_elastic.store.protocols import ControllerStore
-from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, FencingToken, NewDecision
+from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, NewDecision
 
 log = logging.getLogger(__name__)
 
@@ -138,36 +140,46 @@ def failure_decision(unit: ElasticUnit, f: ResumeFailure, resume_timeout_s: floa
         current_nodes=size, target_nodes=size)
 
 
+def decide_resume_failures(units: Mapping[int, ElasticUnit], records: Sequence[ExtensionRecord],
+                           snap: ClusterSnapshot, failed: Mapping[str, str], now: datetime, *,
+                           ends: Iterable[ExtensionEnd], resume_timeout_s: float | None, dry_run: bool = False,
+                           backoff_s: int | None = None) -> list[Ruling]:
+    """The RESUME_FAILED holds for the resumes in ``failed`` (PowerTracker.observe), each with the cancel of its
+    extension job while Slurm still holds it (not in dry-run). ``ends``: the grows that ended in the back-off's
+    look-back (slurm_elastic/backoff.py), so each record names the back-off it starts. Pure."""
+    seen = list(ends)
+    out: list[Ruling] = []
+    for f in find_resume_failures(units, records, snap, failed):
+        job = snap.job(f.extension_job)
+        cancel = not dry_run and job is not None and job.state in LIVE_STATES
+        rec = next((r for r in records if r.job_id == f.extension_job), None)
+        end = ExtensionEnd(f.unit_id, f.extension_job, "RESUME_FAILED", rec.created_at if rec else now, now,
+                           failure="RESUME_FAILED")
+        b = backoff_with(seen, f.unit_id, end, now)
+        seen.append(end)
+        d = failure_decision(units[f.unit_id], f, resume_timeout_s, cancelled=cancel, backoff_s=backoff_s, now=now,
+                             backoff=b)
+        out.append(Ruling(d, CancelExtension(f.unit_id, f.extension_job, d.reason, f.nodes) if cancel else None))
+    return out
+
+
 class ResumeFailures:
-    """The shell: cancels the extension jobs of failed resumes, records RESUME_FAILED, builds PowerState."""
+    """The shell: reads the facts for :func:`decide_resume_failures`, builds PowerState (writes nothing)."""
 
     def __init__(self, store: ControllerStore) -> None:
         self.store = store
         self.tracker = PowerTracker()
 
-    def handle(self, cycle_id: int, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
-               cancel: Callable[[int], None], resume_timeout_s: float | None, dry_run: bool = False,
-               fencing: FencingToken | None = None, backoff_s: int | None = None) -> list[NewDecision]:
+    def decide(self, units: Mapping[int, ElasticUnit], snap: ClusterSnapshot, now: datetime, *,
+               resume_timeout_s: float | None, dry_run: bool = False, backoff_s: int | None = None
+               ) -> list[Ruling]:
+        """This snapshot's failed resumes as rulings; the cycle records them and has the actuator cancel."""
         failed = self.tracker.observe(snap, now)
         if not failed:
             return []
         records = self.store.jobs.extensions(active_only=False, ended_since=now - timedelta(hours=1))
-        written: list[NewDecision] = []
-        for f in find_resume_failures(units, records, snap, failed):
-            job = snap.job(f.extension_job)
-            live = job is not None and job.state in {"PENDING", "CONFIGURING", "RUNNING"}
-            if not dry_run and live:
-                cancel(f.extension_job)
-            rec = next((r for r in records if r.job_id == f.extension_job), None)
-            b = backoff_after(self.store, f.unit_id, ExtensionEnd(
-                f.unit_id, f.extension_job, "RESUME_FAILED", rec.created_at if rec else now, now,
-                failure="RESUME_FAILED"), now)
-            d = failure_decision(units[f.unit_id], f, resume_timeout_s, cancelled=live and not dry_run,
-                                 backoff_s=backoff_s, now=now, backoff=b)
-            self.store.decisions.record_decisions(cycle_id, [d], fencing=fencing)
-            log.warning("job %s: %s", units[f.unit_id].job.display_id, d.message)
-            written.append(d)
-        return written
+        return decide_resume_failures(units, records, snap, failed, now, ends=extension_ends(self.store, now),
+                                      resume_timeout_s=resume_timeout_s, dry_run=dry_run, backoff_s=backoff_s)
 
     def state(self, now: datetime, backoff_s: int, resume_timeout_s: float | None) -> PowerState:
         """What the policy gets: measured resume times, ResumeTimeout, and recent failures (from the store)."""
@@ -178,7 +190,15 @@ class ResumeFailures:
                 lost = d.inputs.get("lost_nodes")
                 for name in lost if isinstance(lost, list) else []:
                     failed[str(name)] = max(d.time, failed.get(str(name), d.time))
-        return PowerState(resume_s=self.tracker.estimates(), resume_timeout_s=resume_timeout_s, resume_failed=failed)
+        return power_state(self.tracker, resume_timeout_s, failed)
+
+
+def power_state(tracker: PowerTracker, resume_timeout_s: float | None,
+                resume_failed: Mapping[str, datetime]) -> PowerState:
+    """The policy's power input (the controller's and the simulator's): the tracker's measured resume times,
+    Slurm's ResumeTimeout, and the nodes whose resume failed within power_resume_backoff_s. Pure."""
+    return PowerState(resume_s=tracker.estimates(), resume_timeout_s=resume_timeout_s,
+                      resume_failed=dict(resume_failed))
 
 
 def note_powered_down(store: ControllerStore, snap: ClusterSnapshot) -> list[str]:

@@ -1,9 +1,9 @@
 """Reconcile (on start and periodically): bring the journal and Slurm back in agreement after a crash or drift.
 
 Resolve dangling grow intents by looking for their idempotency key in Slurm (found: applied; absent: aborted --
-never resubmitted blindly), cancel extension jobs whose leader is gone, and close the store's records of
-extension jobs Slurm no longer runs. The controller (controller/cycle.py) holds the lease and takes the snapshot;
-:func:`reconcile_pass` does the rest.
+never resubmitted blindly), finish dangling extension cancels (controller/cancels.py), cancel extension jobs
+whose leader is gone, and close the store's records of extension jobs Slurm no longer runs. The controller
+(controller/cycle.py) holds the lease and takes the snapshot; :func:`reconcile_pass` does the rest.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
+from slurm_elastic.controller.cancels import resolve_cancel
 from slurm_elastic.controller.extension import orphaned_extensions, parse_tag
 from slurm_elastic.controller.ports import ControllerStore, SlurmControl
 from slurm_elastic.policy.capacity import is_resumable_node
@@ -76,6 +77,9 @@ def reconcile_pass(snap: ClusterSnapshot, *, slurm: SlurmControl, store: Control
         if tag is not None:
             by_key.setdefault(tag.key, []).append(j)
     for action in store.journal.dangling(older_than=older_than):
+        if action.kind == ActionKind.CANCEL_EXTENSION:  # a crash between the intent and the outcome
+            done.append(f"action {action.id}: {resolve_cancel(slurm, store, action, snap)}")
+            continue
         if action.kind != ActionKind.GROW:
             continue  # shrinks are finished by the cycle after their grace period
         found = [j for j in by_key.get(action.idempotency_key, []) if j.user == _owner(snap, action.job_id, j)]

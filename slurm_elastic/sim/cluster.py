@@ -94,6 +94,10 @@ class Cluster:
             if self.power is not None and self.free[node] == self.gpus_per_node:
                 self.power.freed(node, self.clock())
 
+    def power_state(self, node: int) -> str:
+        """The node's power state as Slurm would show it ("" when it is not under power saving)."""
+        return self.power.state(node, self.clock()) if self.power is not None else ""
+
     def power_report(self, end: float) -> PowerReport | None:
         return self.power.report(end) if self.power is not None else None
 

@@ -63,6 +63,7 @@ class NodeView:
     total_gpus: int
     free_gpus: int
     jobs: tuple[str, ...]
+    power: str = ""  # power saving (sim/power.py): "" always on; a cold node "off", "booting" or "on"
 
 
 @dataclass(frozen=True)

@@ -48,19 +48,27 @@ Modelling rules (docs/simulator.md, "The production policy in the simulator", sa
 * **History.** Each action is journalled at decision time (any outcome starts the cooldown), then marked
   applied or failed once the engine's next snapshot shows whether it happened; a SHRINK_TO_ADMIT records the
   pending jobs it was for, so the admit back-off works.
+* **Grow back-off and power.** The facts the controller gives the grow back-off and the power rules come from the
+  controller's code: a grow the engine did not apply is a refused grow (slurm_elastic/backoff.py
+  ``refused_grow_end``: GROW_BACKOFF; on a real cluster such a grow may instead pend as an extension job, so
+  this is the stricter reading), an extension cut by a shrink an end by us; a cold node (sim/power.py) shows
+  ``POWERED_DOWN``/``POWERING_UP`` and the controller's PowerTracker measures its resume time (``power_state``),
+  so the power walk charges its resume. Resumes never fail here (no RESUME_FAILED), and prewarms are not
+  modelled. tests/unit/test_policy_input_paths_facts.py replays one such run through the controller.
 
 One :class:`ProductionPolicy` serves one run: it keeps per-run state (samples, history, extension jobs).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
+from slurm_elastic.backoff import refused_grow_end
+from slurm_elastic.controller.power import PowerTracker, power_state
 from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import (
@@ -78,111 +86,29 @@ from slurm_elastic.policy import (
     default_config,
     parse_config,
 )
+from slurm_elastic.policy.holds import LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, Sample, UnitMeasure
-from slurm_elastic.policy.model import ActionInProgress
+from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import JobView, ResizeRequest, SimClusterState
 from slurm_elastic.sim.errors import SimulationError
+from slurm_elastic.sim.slurm_view import (
+    PARTITION,
+    USER,
+    AdapterSettings,
+    account_of,
+    age_priority,
+    at,
+    build_job,
+    build_node,
+    job_bounds,
+    node_name,
+)
 from slurm_elastic.slurm.model import ClusterSnapshot as SlurmSnapshot
 from slurm_elastic.slurm.model import GresCount, Job, Node, Partition
 
-EPOCH = datetime(2024, 1, 1, tzinfo=UTC)  # a Monday, 00:00 UTC
-PARTITION = "sim"
-USER = "sim"
-MAX_AGE_MIN = 7 * 24 * 60  # Slurm's default PriorityMaxAge (7-0)
 THROUGHPUT_KEEP = 10  # throughput samples kept per node count
 EXTENSION_ID_BASE = 1_000_000_000  # extension job ids: never clash with trace jobs (1, 2, ...)
-_CPUS_PER_GPU = 8
-
-
-@dataclass(frozen=True)
-class AdapterSettings:
-    """How trace jobs become elastic units (the simulator's stand-in for users' ``#ELASTIC`` directives).
-
-    With ``n = gpus / G`` the nodes' worth of GPUs a job asked for:
-
-    * ``--min-nodes`` is ``max(1, floor(min_fraction * n))``: 0 lets every job shrink to its batch host,
-      1 keeps at least the whole nodes it asked for;
-    * ``--max-nodes`` is ``ceil(max_factor * n)``, at least the nodes it started on, at most the cluster.
-
-    Both stay within the engine's bounds (``SimConfig.min_nodes/max_nodes`` or the trace's). ``time_limits``:
-    whether the policy sees the jobs' time limits (see the module docstring).
-    """
-
-    min_fraction: float = 0.0
-    max_factor: float = 2.0
-    time_limits: bool = True
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.min_fraction <= 1.0:
-            raise ConfigError(f"min_fraction must be within 0..1, not {self.min_fraction}")
-        if not self.max_factor >= 1.0:
-            raise ConfigError(f"max_factor must be >= 1, not {self.max_factor}")
-
-
-def job_bounds(settings: AdapterSettings, requested_gpus: int, start_nodes: int, gpus_per_node: int, *,
-               engine: tuple[int, int]) -> tuple[int, int]:
-    """(min_nodes, max_nodes) of a job's elastic unit; always within the engine's bounds, min <= max."""
-    asked = requested_gpus / gpus_per_node
-    lo = max(1, math.floor(settings.min_fraction * asked + 1e-9))
-    hi = max(math.ceil(settings.max_factor * asked - 1e-9), start_nodes)
-    engine_min, engine_max = engine
-    hi = max(min(hi, engine_max), engine_min)
-    lo = min(max(lo, engine_min), hi)
-    return lo, hi
-
-
-def at(seconds: float) -> datetime:
-    """Simulated seconds as a UTC datetime."""
-    return EPOCH + timedelta(seconds=seconds)
-
-
-def age_priority(waited_s: float) -> int:
-    """Multifactor priority with only the age factor: 1 + whole minutes waited, capped at PriorityMaxAge."""
-    return 1 + min(MAX_AGE_MIN, max(0, int(waited_s // 60)))
-
-
-def node_name(index: int) -> str:
-    return f"n{index}"
-
-
-def account_of(view: JobView) -> str | None:
-    if view.account:
-        return view.account
-    if view.application:
-        return f"app-{view.application}"
-    return None
-
-
-def build_node(index: int, gpus: int, used: int) -> Node:
-    state = "IDLE" if used == 0 else "ALLOCATED" if used >= gpus else "MIXED"
-    return Node(
-        name=node_name(index), state=state, state_flags=(), partitions=(PARTITION,), cpus=gpus * _CPUS_PER_GPU,
-        alloc_cpus=used * _CPUS_PER_GPU, gres=(GresCount("gpu", None, gpus),),
-        gres_used=(GresCount("gpu", None, used),),
-    )
-
-
-def build_job(view: JobView, job_id: int, priority: int, gpus_per_node: int, *, nodes: tuple[str, ...] = (),
-              reason: str | None = None, time_limit: bool = True) -> Job:
-    """The Slurm job of a trace job: pending (``nodes`` empty) or the leader of a running unit.
-
-    ``time_limit=False`` shows the job as UNLIMITED."""
-    running = view.state == "RUNNING"
-    if running:
-        count, per_node = len(nodes), gpus_per_node  # extension nodes are whole nodes
-    else:
-        count = max(1, math.ceil(view.requested_gpus / gpus_per_node))
-        per_node = math.ceil(view.requested_gpus / count)
-    limit = None if view.time_limit is None or not time_limit else max(1, math.ceil(view.time_limit / 60))
-    return Job(
-        job_id=job_id, name=view.job_id, user=view.user or USER, account=account_of(view), partition=PARTITION,
-        qos=None, priority=priority, state=view.state, state_reason=None if running else reason, nodes=nodes,
-        batch_host=nodes[0] if nodes else None, node_count=count, tres_per_node=f"gres:gpu:{per_node}",
-        gres_per_node=(GresCount("gpu", None, per_node),), time_limit_min=limit, submit_time=at(view.submit_time),
-        start_time=at(view.start_time) if running and view.start_time is not None else None, end_time=None,
-        comment="", admin_comment="",
-    )
 
 
 @dataclass
@@ -246,7 +172,11 @@ class ProductionPolicy:
         self._last_grow: dict[int, ResizeRecord] = {}
         self._admits: dict[int, ResizeRecord] = {}
         self._next_ext = EXTENSION_ID_BASE
-        self._nodes: dict[tuple[int, int, int], Node] = {}
+        self._nodes: dict[tuple[int, int, int, str], Node] = {}
+        # The controller's own facts, from the same code: resume times measured from the nodes' power states
+        # (controller/power.py) and the grows that ended, for the grow back-off (slurm_elastic/backoff.py).
+        self._power = PowerTracker()
+        self._ends: list[ExtensionEnd] = []
         self._last_now: float | None = None
 
     # ------------------------------------------------------------------ the hook
@@ -278,8 +208,11 @@ class ProductionPolicy:
                                             *self._admits.values())}.values())
         in_progress = [ActionInProgress(f.record.unit_id, str(f.record.action), f.record.at)
                        for f in self._inflight.values()]
+        self._power.observe(slurm, t)  # resumes never fail here: no RESUME_FAILED (docs/simulator.md)
+        self._ends = [e for e in self._ends if e.ended_at > t - timedelta(seconds=LOOKBACK_S)]
         inp = builder.build(slurm, units, samples=samples, measures=measures, history=history,
-                            in_progress=in_progress)
+                            in_progress=in_progress, extension_ends=self._ends,
+                            power=power_state(self._power, None, {}))
         decisions = decide(inp, self.cfg, t)
         return self._act(decisions, now, t)
 
@@ -335,8 +268,8 @@ class ProductionPolicy:
         """Turn the engine's node list into leader nodes plus extension jobs (grows append, shrinks cut)."""
         old, new = unit.nodes, view.nodes
         unit.nodes = new
+        when = at(view.last_resize_time if view.last_resize_time is not None else 0.0)
         if len(new) > len(old) and new[: len(old)] == old:
-            when = at(view.last_resize_time if view.last_resize_time is not None else 0.0)
             names = [node_name(n) for n in new[len(old):]]
             per_node = max(view.gpus_per_node[len(old):], default=self.sim.gpus_per_node)  # k: GPU-granular grow
             self._next_ext += 1
@@ -355,8 +288,9 @@ class ProductionPolicy:
                 ext = unit.exts[-1]
                 cut = min(drop, len(ext.nodes))
                 drop -= cut
-                if cut == len(ext.nodes):
+                if cut == len(ext.nodes):  # cancelled by the shrink: an end by us, no failure
                     unit.exts.pop()
+                    self._ends.append(ExtensionEnd(unit.job_id, ext.job_id, "CANCELLED", ext.start, when))
                 else:
                     ext.nodes = ext.nodes[: len(ext.nodes) - cut]
                     ext.job = replace(ext.job, nodes=tuple(ext.nodes), node_count=len(ext.nodes))
@@ -394,6 +328,8 @@ class ProductionPolicy:
         done = replace(record, outcome=Outcome.APPLIED if applied else Outcome.FAILED,
                        at=at(view.last_resize_time) if applied and view.last_resize_time is not None else record.at)
         self._journal(done, flight.admits)
+        if not applied and record.action is Action.GROW:  # as a refused sbatch: the grow back-off counts it
+            self._ends.append(refused_grow_end(record.unit_id, record.at, record.at))
         if applied:
             unit.time_limit_added_s = max(0, unit.time_limit_added_s + flight.time_limit_add_s)
         del self._inflight[view.job_id]
@@ -441,10 +377,10 @@ class ProductionPolicy:
     def _slurm_nodes(self, snapshot: SimClusterState) -> tuple[Node, ...]:
         out: list[Node] = []
         for view in snapshot.nodes:
-            key = (view.index, view.total_gpus, view.total_gpus - view.free_gpus)
+            key = (view.index, view.total_gpus, view.total_gpus - view.free_gpus, view.power)
             node = self._nodes.get(key)
             if node is None:
-                node = self._nodes[key] = build_node(view.index, view.total_gpus, key[2])
+                node = self._nodes[key] = build_node(view.index, view.total_gpus, key[2], view.power)
             out.append(node)
         return tuple(out)
 

@@ -7,9 +7,10 @@ other nodes are always on (SuspendExcNodes). Energy is counted as **powered node
 for the whole run, a cold node from each allocation on it (its boot included) until ``suspend_s`` after it was
 last released, overlaps merged, cut at the end of the run.
 
-Not modelled: the policy sees a powered-down node as an ordinary free node (the simulator does not give it the
-power walk's resume cost; placement takes the cold nodes last, as they have the highest indices), and a node that
-is freed while it still boots counts as booted.
+The policy sees a cold node as Slurm shows it (:meth:`NodePower.state`): ``IDLE+CLOUD+POWERED_DOWN`` while off,
+``+POWERING_UP`` while it boots for a job, so the power walk charges its resume cost and the controller's
+PowerTracker measures its resume time (sim/policy_adapter.py). Not modelled: failed resumes; placement takes the
+cold nodes last (they have the highest indices), and a node that is freed while it still boots counts as booted.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class NodePower:
         self.first_cold = num_nodes - cfg.cold_nodes
         self._since: dict[int, float] = {}  # node -> busy since
         self._periods: dict[int, list[tuple[float, float]]] = {}
+        self._boot_until: dict[int, float] = {}  # node -> when the boot of its current allocation ends
         self.resumes = 0
 
     def is_off(self, node: int, now: float) -> bool:
@@ -74,7 +76,16 @@ class NodePower:
             self.resumes += 1
             boot = self.cfg.resume_s
         self._since[node] = now
+        self._boot_until[node] = now + boot
         return boot
+
+    def state(self, node: int, now: float) -> str:
+        """What Slurm would show: "" for an always-on node; "off", "booting" or "on" for a cold one."""
+        if node < self.first_cold:
+            return ""
+        if node in self._since:
+            return "booting" if now < self._boot_until.get(node, now) else "on"
+        return "off" if self.is_off(node, now) else "on"
 
     def freed(self, node: int, now: float) -> None:
         start = self._since.pop(node, now)

@@ -105,7 +105,8 @@ class ElasticHook:
                 )
             )
         g = self.cluster.gpus_per_node
-        nodes = tuple(NodeView(i, g, self.cluster.free[i], tuple(holders[i])) for i in range(self.cluster.num_nodes))
+        nodes = tuple(NodeView(i, g, self.cluster.free[i], tuple(holders[i]), self.cluster.power_state(i))
+                      for i in range(self.cluster.num_nodes))
         return SimClusterState(
             now=self.now,
             gpus_per_node=g,

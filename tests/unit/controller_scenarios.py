@@ -16,7 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from slurm_elastic import goodput
-from slurm_elastic.controller.observe import observe_cycle
+from slurm_elastic.controller.cycle_stats import observe_cycle
 from slurm_elastic.slurm import hostlist
 from slurm_elastic.slurm.adapter import SlurmCli
 from slurm_elastic.slurm.decode import parse_squeue
@@ -68,7 +68,7 @@ def _resume_after_8(w: World) -> None:
 
 
 def _observed_grow(w: World) -> None:
-    """Cycles as the daemon runs them (observe.observe_cycle) with a free node's agent silent; then another
+    """Cycles as the daemon runs them (cycle_stats.observe_cycle) with a free node's agent silent; then another
     holder takes the expired lease."""
     started = w.clock()
     w.agents.silent.add(max(set(GPU_NODES) - set(w.nodes["busy"])))

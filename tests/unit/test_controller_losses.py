@@ -28,7 +28,7 @@ from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.slurm.runner import CommandResult
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.errors import LeaseLostError
-from slurm_elastic.store.records import DecisionFilter, ExtensionRecord
+from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, NewDecision
 from tests.unit import loss_scenarios  # noqa: F401 - registers its scenarios
 from tests.unit.resize_scenarios import recorded_job, recorded_snapshot
 from tests.unit.slurm_replay import STEP_S, Recording, ReplayRunner, command_key, recorded_cli, replay
@@ -281,13 +281,22 @@ def _preempted_extension(clock: FakeClock) -> tuple[SqlStore, ClusterSnapshot, E
     return store, _snap([recorded_job(10, ("n1",)), ext]), _unit((_ext(ext),))
 
 
+def _record(store: SqlStore, rec: LossRecorder, cycle: int, unit: ElasticUnit, snap: ClusterSnapshot, now: Any,
+            fencing: Any = None) -> list[NewDecision]:
+    """The cycle's losses step: decide, then record (controller/cycle.py: _write_rulings)."""
+    new = [v.decision for v in rec.decide({unit.unit_id: unit}, snap, now)]
+    if new:
+        store.decisions.record_decisions(cycle, new, fencing=fencing)
+    return new
+
+
 def test_dry_run_records_losses_too() -> None:
     clock = FakeClock(T0)
     store, snap, unit = _preempted_extension(clock)
     rec = LossRecorder(store)
     cycle = store.decisions.begin_cycle(holder="t", dry_run=True)
-    assert len(rec.record(cycle, {10: unit}, snap, clock())) == 1
-    assert rec.record(cycle, {10: unit}, snap, clock()) == []
+    assert len(_record(store, rec, cycle, unit, snap, clock())) == 1
+    assert _record(store, rec, cycle, unit, snap, clock()) == []
 
 
 def test_a_controller_that_lost_the_lease_records_no_loss_and_the_new_holder_records_it_once() -> None:
@@ -302,11 +311,11 @@ def test_a_controller_that_lost_the_lease_records_no_loss_and_the_new_holder_rec
     assert new is not None
     cycle = store.decisions.begin_cycle(holder="ctl-a")
     with pytest.raises(LeaseLostError):
-        LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=old.token())
+        _record(store, LossRecorder(store), cycle, unit, snap, clock(), fencing=old.token())
     assert _losses(store, 10) == []
     cycle = store.decisions.begin_cycle(holder="ctl-b")
-    assert len(LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=new.token())) == 1
-    assert LossRecorder(store).record(cycle, {10: unit}, snap, clock(), fencing=new.token()) == []
+    assert len(_record(store, LossRecorder(store), cycle, unit, snap, clock(), fencing=new.token())) == 1
+    assert _record(store, LossRecorder(store), cycle, unit, snap, clock(), fencing=new.token()) == []
     assert len(_losses(store, 10)) == 1
 
 

@@ -7,13 +7,20 @@ import json
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
-from slurm_elastic.controller.power import PowerTracker, failure_decision, find_resume_failures
+from slurm_elastic.controller.power import (
+    PowerTracker,
+    decide_resume_failures,
+    failure_decision,
+    find_resume_failures,
+)
+from slurm_elastic.controller.rulings import CancelExtension, Ruling
 from slurm_elastic.policy.capacity import is_resumable_node
 from slurm_elastic.slurm.accounting import parse_resume_timeout
 from slurm_elastic.slurm.decode import parse_nodes
 from slurm_elastic.slurm.model import Node
-from slurm_elastic.store.records import ExtensionRecord
+from slurm_elastic.store.records import ExtensionRecord, NewDecision
 from tests.unit.policy_builders import NOW, job, node, snapshot, unit
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "slurm" / "22.05"
@@ -83,7 +90,13 @@ def test_failed_resume_under_an_extension_keeps_the_unit_at_its_size() -> None:
     assert not find_resume_failures({100: u}, [_rec(501, 100, "n2")], snap, {"n5": "IDLE"})
 
 
-def test_the_shell_cancels_records_once_and_backs_the_node_off() -> None:
+def _record(store: Any, cycle: int, rulings: list[Ruling]) -> list[NewDecision]:
+    """The cycle's write step for these rulings (controller/cycle.py: _write_rulings), without Slurm."""
+    store.decisions.record_decisions(cycle, [v.decision for v in rulings])
+    return [v.decision for v in rulings]
+
+
+def test_the_shell_asks_for_the_cancel_records_once_and_backs_the_node_off() -> None:
     from slurm_elastic.controller.power import ResumeFailures
     from slurm_elastic.store.records import JobObservation
     from tests.unit.storehelpers import FakeClock, memory_store
@@ -95,21 +108,22 @@ def test_the_shell_cancels_records_once_and_backs_the_node_off() -> None:
                                          current_nodes=1, min_nodes=1, max_nodes=4))
     store.jobs.record_extension(job_id=501, parent_job_id=100, node_count=1, state="PENDING", nodelist="n5")
     shell = ResumeFailures(store)
-    cancelled: list[int] = []
     booting = replace(job(501, nodes=("n5",), state="CONFIGURING"), node_count=1)
     cycle = store.decisions.begin_cycle()
-    shell.handle(cycle, {100: u}, snapshot([u.job, booting], [node("n1", used=4), _n("n5", "POWERING_UP")]), NOW,
-                 cancel=cancelled.append, resume_timeout_s=30.0)
+    assert shell.decide({100: u}, snapshot([u.job, booting], [node("n1", used=4), _n("n5", "POWERING_UP")]), NOW,
+                        resume_timeout_s=30.0) == []
     requeued = replace(booting, state="PENDING", nodes=())
     later = NOW + timedelta(seconds=31)
     snap = snapshot([u.job, requeued], [node("n1", used=4), _n("n5", "POWERED_DOWN")])
-    (d,) = shell.handle(cycle, {100: u}, snap, later, cancel=cancelled.append, resume_timeout_s=30.0)
-    assert cancelled == [501] and d.reason == "RESUME_FAILED"
+    (v,) = shell.decide({100: u}, snap, later, resume_timeout_s=30.0)
+    (d,) = _record(store, cycle, [v])
+    assert v.cancel == CancelExtension(100, 501, "RESUME_FAILED", ("n5",)) and d.reason == "RESUME_FAILED"
+    assert d.inputs["ended_by"] == "controller"
     # the unit's grows back off from now: 60 s for a first failed grow, the end time in the record
     until = (later + timedelta(seconds=60)).isoformat()
     assert d.inputs["grow_backoff_until"] == until and d.inputs["failed_grows"] == 1
     assert "its grows back off until " + until[:19] + "Z (GROW_BACKOFF, 1 failed grow(s)" in d.message
-    assert shell.handle(cycle, {100: u}, snap, later, cancel=cancelled.append, resume_timeout_s=30.0) == []
+    assert shell.decide({100: u}, snap, later, resume_timeout_s=30.0) == []
     clock.advance(31)
     state = shell.state(later, 1800, 30.0)
     assert set(state.resume_failed) == {"n5"} and state.resume_timeout_s == 30.0
@@ -124,3 +138,23 @@ def test_a_node_slurm_resumes_for_a_pending_extension_is_not_unusable() -> None:
                          node("n9", flags=("NOT_RESPONDING",))])
     assert unusable_nodes(snap, "n5,n6,n8") == ""  # n8: Slurm resumes it once it is down (SuspendTimeout)
     assert unusable_nodes(snap, "n5,n7,n9,gone") == "n7,n9,gone"
+
+
+def test_the_resume_failure_decider_is_pure_and_cancels_only_a_live_extension_outside_dry_run() -> None:
+    u = unit(job(100, nodes=("n1",)))
+    recs = [_rec(501, 100, "n5"), _rec(502, 100, "n6")]
+    live = replace(job(501, nodes=(), state="PENDING"), node_count=1)
+    ended = replace(job(502, nodes=(), state="NODE_FAIL"), node_count=1)
+    snap = snapshot([u.job, live, ended], [node("n1", used=4), _n("n5", "POWERED_DOWN"), _n("n6", "POWERED_DOWN")])
+    failed = {"n5": "IDLE+CLOUD+POWERED_DOWN", "n6": "IDLE+CLOUD+POWERED_DOWN"}
+    rulings = decide_resume_failures({100: u}, recs, snap, failed, NOW, ends=(), resume_timeout_s=30.0,
+                                      backoff_s=1800)
+    assert [(v.decision.reason, v.cancel) for v in rulings] == [
+        ("RESUME_FAILED", CancelExtension(100, 501, "RESUME_FAILED", ("n5",))), ("RESUME_FAILED", None)]
+    # the second failure of the unit in one cycle counts the first: two failed grows back off longer
+    assert [v.decision.inputs["failed_grows"] for v in rulings] == [1, 2]
+    assert "extension job ended by Slurm (NODE_FAIL)" in rulings[1].decision.message
+    dry = decide_resume_failures({100: u}, recs, snap, failed, NOW, ends=(), resume_timeout_s=30.0, dry_run=True)
+    assert [v.cancel for v in dry] == [None, None] and "cancelled" not in dry[0].decision.message
+    assert decide_resume_failures({100: u}, recs, snap, failed, NOW, ends=(), resume_timeout_s=30.0,
+                                  backoff_s=1800) == rulings  # the same facts, the same rulings

@@ -11,9 +11,9 @@ from datetime import timedelta
 from slurm_elastic.api.authz import Caller
 from slurm_elastic.api.service import Service, ServiceSettings
 from slurm_elastic.controller.cycle import CycleSummary
+from slurm_elastic.controller.cycle_stats import observe_cycle
 from slurm_elastic.controller.grants import Joins
 from slurm_elastic.controller.metrics import ControllerMetrics
-from slurm_elastic.controller.observe import observe_cycle
 from slurm_elastic.store.records import ActionKind, ActionState, JobObservation, NewDecision
 from tests.unit.policy_builders import NOW, job, node, snapshot, unit
 from tests.unit.slurm_replay import Replayed, replay

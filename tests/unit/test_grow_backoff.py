@@ -120,11 +120,11 @@ def test_the_prewarm_failure_record_says_what_failed_and_when_grows_resume(tmp_p
     assert Event  # the file's lines are prewarm.Event records (slurm_elastic/prewarm.py)
     ext = replace(job(501, nodes=("n5",)), node_count=1)
     snap = snapshot([leader, ext], [node("n1", used=4), node("n5", used=4)])
-    cancelled: list[int] = []
     clock.advance(0.03)  # the store writes a little after the cycle's clock read "now"
-    (d,) = ColdStarts(store, PowerTracker()).handle(store.decisions.begin_cycle(), {100: u}, snap, NOW,
-                                                   cancel=cancelled.append)
-    assert cancelled == [501] and d.reason == "PREWARM_FAILED"
+    (v,) = ColdStarts(store, PowerTracker()).decide({100: u}, snap, NOW)
+    d = v.decision
+    store.decisions.record_decisions(store.decisions.begin_cycle(), [d])  # the cycle's write step
+    assert v.cancel is not None and v.cancel.extension_job == 501 and d.reason == "PREWARM_FAILED"
     assert "prewarm on n5 exited with status 2; extension job cancelled" in d.message
     assert "--prewarm-timeout" not in d.message  # no timeout text for a failure that was no timeout
     until = (NOW + timedelta(seconds=60)).isoformat()

@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic import prewarm, resize
-from slurm_elastic.controller.coldstart import ColdStarts, outcome, restart_cost
+from slurm_elastic.controller.coldstart import ColdStarts, decide_prewarms, outcome, restart_cost
 from slurm_elastic.controller.extension import build_request, prewarm_of
 from slurm_elastic.controller.power import PowerTracker
+from slurm_elastic.controller.rulings import CancelExtension, Ruling
+from slurm_elastic.controller.units import SpecCache, spec_for
 from slurm_elastic.directives.words import Word, WordError, command_argv, split_words
 from slurm_elastic.policy.inputs import UnitMeasure, utilization
+from slurm_elastic.slurm.model import Job
 from slurm_elastic.store.records import ExtensionRecord, JobObservation
 from tests.unit.policy_builders import NOW, job, node, snapshot, unit
 from tests.unit.storehelpers import FakeClock, memory_store
@@ -119,10 +122,15 @@ def test_launcher_posts_the_notice_only_after_the_prewarm(tmp_path: Path) -> Non
 def test_extension_request_carries_the_prewarm_and_the_plugin_spec_gives_it() -> None:
     leader = replace(job(100, nodes=("n1",)), admin_comment="[elastic:v1 prewarm=7374616765202D2D6661737420 "
                                                             "prewarmtimeout=90]")
-    assert prewarm_of(leader, "#!/bin/bash\nrun\n") == ("stage --fast ", 90)
+    def prewarm_read(j: Job, script: str) -> tuple[str, int] | None:  # the grow's prewarm: the unit's spec
+        spec, _, _ = spec_for(j, lambda _id: script, SpecCache())
+        assert spec is not None
+        return prewarm_of(spec)
+
+    assert prewarm_read(leader, "#!/bin/bash\nrun\n") == ("stage --fast ", 90)
     from_script = replace(leader, admin_comment="")
-    assert prewarm_of(from_script, "#!/bin/bash\n#ELASTIC --prewarm 'a b'\nrun\n") == ("a b", 600)
-    assert prewarm_of(from_script, "#!/bin/bash\n#ELASTIC --max-nodes 2\nrun\n") is None
+    assert prewarm_read(from_script, "#!/bin/bash\n#ELASTIC --prewarm 'a b'\nrun\n") == ("a b", 600)
+    assert prewarm_read(from_script, "#!/bin/bash\n#ELASTIC --max-nodes 2\nrun\n") is None
     req = build_request(leader, ["n5"], "k", NOW, rendezvous="h:1", prewarm=("a b", 90))
     assert req.env[prewarm.ENV_COMMAND] == "a b" and req.env[prewarm.ENV_TIMEOUT] == "90"
     assert prewarm.ENV_COMMAND not in build_request(leader, ["n5"], "k", NOW, rendezvous="h:1").env
@@ -174,20 +182,28 @@ def test_the_shell_cancels_a_failed_prewarm_and_records_cold_starts_as_restart_c
     shell = ColdStarts(store, PowerTracker())
     ext = replace(job(501, nodes=("n5",)), node_count=1)
     snap = snapshot([leader, ext], [node("n1", used=4), node("n5", used=4), node("n6", used=4)])
-    cancelled: list[int] = []
     cycle = store.decisions.begin_cycle()
-    (d,) = shell.handle(cycle, {100: u}, snap, NOW, cancel=cancelled.append)
-    assert cancelled == [501] and (d.reason, d.current_nodes, d.target_nodes) == ("PREWARM_FAILED", 1, 1)
+
+    def decide_and_record(shell: ColdStarts) -> list[Ruling]:  # the cycle's write step, without Slurm
+        rulings = shell.decide({100: u}, snap, NOW)
+        store.decisions.record_decisions(cycle, [v.decision for v in rulings])
+        return rulings
+
+    (v,) = decide_and_record(shell)
+    d = v.decision
+    assert v.cancel == CancelExtension(100, 501, "PREWARM_FAILED", ("n5",))
+    assert (d.reason, d.current_nodes, d.target_nodes) == ("PREWARM_FAILED", 1, 1)
     assert "timed out after 60s" in d.message and d.inputs["node"] == "n5"
-    assert shell.handle(cycle, {100: u}, snap, NOW, cancel=cancelled.append) == []  # once
+    assert decide_and_record(shell) == []  # once
     assert shell.restart_s(NOW) == {}
     _write(path, _ev(502, "n6", "joined", 16))
-    (c,) = shell.handle(cycle, {100: u}, snap, NOW, cancel=cancelled.append)
+    (w,) = decide_and_record(shell)
+    c = w.decision
     assert c.reason == "COLD_START" and c.inputs["restart_cost_s"] == 16.0 and c.inputs["prewarm_s"] == 6.0
-    assert cancelled == [501]
+    assert w.cancel is None
     # A restarted controller neither records them again nor forgets the restart cost.
     again = ColdStarts(store, PowerTracker())
-    assert again.handle(cycle, {100: u}, snap, NOW, cancel=cancelled.append) == []
+    assert decide_and_record(again) == []
     assert again.restart_s(NOW + timedelta(seconds=1)) == {100: 16.0}
 
 
@@ -206,3 +222,22 @@ def test_the_cold_start_reaches_the_policy_as_restart_s_even_without_goodput() -
     both = utilization(100, samples[100], NOW - timedelta(minutes=5),
                        UnitMeasure(4, 4, restart_s=30.0, cold_start_s=16.0))
     assert both is not None and both.restart_s == 30.0  # the larger of observed and measured
+
+
+def test_the_prewarm_decider_is_pure_and_cancels_only_a_live_extension_outside_dry_run() -> None:
+    u = unit(job(100, nodes=("n1",)), prewarm="stage", prewarm_timeout_s=60)
+    failed = outcome(_rec(501, "n5"), [_ev(501, "n5", "failed", 65, error="timed out after 60s")], {})
+    joined = outcome(_rec(502, "n6"), [_ev(502, "n6", e, t) for e, t in (("launch", 4), ("ready", 10), ("joined", 16))],
+                     {})
+    live = replace(job(501, nodes=("n5",)), node_count=1)
+    snap = snapshot([u.job, live], [node("n1", used=4), node("n5", used=4), node("n6", used=4)])
+    outcomes = [(_rec(501, "n5"), failed), (_rec(502, "n6"), joined)]
+    rulings = decide_prewarms({100: u}, outcomes, snap, NOW, ends=())
+    assert [(v.decision.reason, v.cancel) for v in rulings] == [
+        ("PREWARM_FAILED", CancelExtension(100, 501, "PREWARM_FAILED", ("n5",))), ("COLD_START", None)]
+    assert "(--prewarm-timeout 60s)" in rulings[0].decision.message
+    dry = decide_prewarms({100: u}, outcomes, snap, NOW, ends=(), dry_run=True)
+    assert [v.cancel for v in dry] == [None, None] and dry[0].decision.inputs["ended_by"] == "job"
+    gone = snapshot([u.job], [node("n1", used=4)])  # Slurm no longer holds it: nothing to cancel
+    assert decide_prewarms({100: u}, outcomes, gone, NOW, ends=())[0].cancel is None
+    assert decide_prewarms({100: u}, outcomes, snap, NOW, ends=()) == rulings  # the same facts, the same rulings

@@ -1,0 +1,123 @@
+"""The controller and the simulator build the same policy input, and decide the same, where a grow fails and a node
+is under power saving: the grow back-off (GROW_BACKOFF) and the power rules get their facts from the same code in
+both (slurm_elastic/backoff.py: refused_grow_end, controller/power.py: PowerTracker and power_state).
+
+As in test_policy_input_paths.py: a short run of the simulator's adapter is recorded (the snapshots it shows the
+policy, the utilization it samples) and replayed through the real controller. The simulated engine never applies
+job b's grow (its node stays free): the adapter journals the grow FAILED; the replaying Slurm refuses the
+controller's sbatch with the reply recorded from the live cluster (the scenario grow_refused): journaled FAILED.
+Node n3 is a cold node: powered down, then booting, then up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+import slurm_elastic.controller.cycle as cycle
+import slurm_elastic.sim.policy_adapter as adapter
+from slurm_elastic.controller.config import ControllerConfig
+from slurm_elastic.controller.cycle import Controller
+from slurm_elastic.policy import parse_config
+from slurm_elastic.sim.config import SimConfig
+from slurm_elastic.sim.elastic import JobView, NodeView, SimClusterState
+from slurm_elastic.sim.policy_adapter import AdapterSettings, ProductionPolicy, at
+from slurm_elastic.slurm.runner import CommandResult, classify
+from tests.policy_text import UNIT, policy_text
+from tests.unit.slurm_replay import SCENARIO_DIR, read_recording
+from tests.unit.storehelpers import FakeClock, memory_store
+from tests.unit.test_policy_input_paths import GPUS, INTERVAL, Recorder, Recording, ReplayAgents, ReplaySlurm
+
+POLICY = parse_config(policy_text(UNIT, window_s=60, scale_down_below=40, scale_up_above=80, shrink_to_admit=False,
+                                  cooldown_s=30, grace_s=90, max_metric_age_s=120))
+#: Per cycle: job a (2 nodes) in band, job b (1 node) busy; n4's power state (sim/power.py).
+#: Six cycles: b's grow onto the powered-down n3 fails at the third, the back-off holds it at the fourth, n3 boots
+#: at the fifth (for someone else) and b grows again at the sixth (a second failed grow would differ in the history:
+#: the simulator keeps a unit's last resize, the controller the day's).
+UTIL_A = (0.5,) * 6
+UTIL_B = (0.95,) * 6
+POWER = ("off", "off", "off", "off", "booting", "on")
+
+
+def _view(job_id: str, nodes: tuple[int, ...], util: float) -> JobView:
+    return JobView(job_id=job_id, state="RUNNING", submit_time=0.0, start_time=0.0, requested_gpus=GPUS * len(nodes),
+                   num_nodes=len(nodes), num_gpus=GPUS * len(nodes), nodes=nodes, gpus_per_node=(GPUS,) * len(nodes),
+                   min_nodes=1, max_nodes=2, gpu_util=util, throughput=100.0 * len(nodes), progress=0.1, resizes=0,
+                   last_resize_time=None, restarting_until=None, account="nlp")
+
+
+def _cluster(now: float, util_a: float, util_b: float, power: str) -> SimClusterState:
+    jobs = (_view("a", (0, 1), util_a), _view("b", (2,), util_b))
+    holders: dict[int, tuple[str, ...]] = {0: ("a",), 1: ("a",), 2: ("b",), 3: ()}
+    nodes = tuple(NodeView(i, GPUS, 0 if holders[i] else GPUS, holders[i], power if i == 3 else "")
+                  for i in range(4))
+    return SimClusterState(now=now, gpus_per_node=GPUS, total_gpus=4 * GPUS, free_gpus=GPUS, nodes=nodes, jobs=jobs)
+
+
+def _record(monkeypatch: pytest.MonkeyPatch) -> Recording:
+    rec = Recorder()
+    monkeypatch.setattr(adapter, "decide", rec)
+    policy = ProductionPolicy(POLICY, SimConfig(num_nodes=4, gpus_per_node=GPUS, interval=INTERVAL, start_delay=0.0),
+                              AdapterSettings())
+    times = tuple(INTERVAL * (i + 1) for i in range(len(UTIL_A)))
+    for now, ua, ub, power in zip(times, UTIL_A, UTIL_B, POWER, strict=True):
+        policy(_cluster(now, ua, ub, power), now)
+    ids = {trace: policy._ids[trace] for trace in ("a", "b")}
+    util = tuple({ids["a"]: 100.0 * ua, ids["b"]: 100.0 * ub} for ua, ub in zip(UTIL_A, UTIL_B, strict=True))
+    in_use = tuple({ids["a"]: round(2 * GPUS * ua), ids["b"]: round(GPUS * ub)}
+                   for ua, ub in zip(UTIL_A, UTIL_B, strict=True))
+    return Recording(times, tuple(i.snapshot for i in rec.inputs), util, in_use, rec)
+
+
+def _recorded_refusal() -> CommandResult:
+    """sbatch's refusal, as the live test cluster answered it (scenario grow_refused)."""
+    _, commands = read_recording(SCENARIO_DIR / "grow_refused.json")
+    (cmd,) = [c for c in commands if c["argv"][0] == "sbatch" and c["rc"] != 0]
+    return CommandResult(tuple(cmd["argv"]), int(cmd["rc"]), cmd["stdout"], cmd["stderr"])
+
+
+class RefusingSlurm(ReplaySlurm):
+    """The recorded snapshots; every extension job's sbatch is refused as Slurm refused one."""
+
+    def submit_as(self, user: str, script: str, sbatch_args: Sequence[str], env: Mapping[str, str] | None = None
+                  ) -> int:
+        self.calls.append(("submit_as", user))
+        raise classify(_recorded_refusal())
+
+
+def _replay(rec: Recording, monkeypatch: pytest.MonkeyPatch) -> tuple[Recorder, list[tuple[str, Any]]]:
+    ctl_rec = Recorder()
+    monkeypatch.setattr(cycle, "decide", ctl_rec)
+    clock = FakeClock(at(rec.times[0]))
+    slurm = RefusingSlurm(rec, clock)
+    ctl = Controller(ControllerConfig(interval_s=INTERVAL, holder="test"), POLICY, slurm=slurm,
+                     store=memory_store(clock), collector=ReplayAgents(rec, clock), clock=clock)
+    for i, _ in enumerate(rec.times):
+        summary = ctl.run_cycle()
+        assert summary.error is None and summary.skipped is None, summary
+        if i + 1 < len(rec.times):
+            clock.advance(INTERVAL)
+    return ctl_rec, slurm.calls
+
+
+def test_a_failed_grow_and_a_cold_node_give_the_same_input_and_decisions_in_the_controller_and_the_simulator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rec = _record(monkeypatch)
+    ctl, calls = _replay(rec, monkeypatch)
+    assert len(ctl.inputs) == len(rec.sim.inputs) == len(rec.times)
+    for i, (mine, sims) in enumerate(zip(ctl.inputs, rec.sim.inputs, strict=True)):
+        assert mine == sims, f"cycle {i}: the controller's and the simulator's policy inputs differ"
+        assert ctl.decisions[i] == rec.sim.decisions[i], f"cycle {i}: the decisions differ"
+    # The situation covers what the shared facts feed: b's grow onto the powered-down n3 failed (Slurm refused
+    # it), the back-off held b, and n3's resume was measured by the same tracker from POWERING_UP -> up.
+    b = rec.sim.inputs[0].units[1].unit_id
+    assert [next((str(d.action), str(d.reason)) for d in ds if d.unit_id == b) for ds in rec.sim.decisions] == [
+        ("hold", "WINDOW_NOT_FILLED"), ("hold", "WINDOW_NOT_FILLED"), ("grow", "OVERUTILIZED"),
+        ("hold", "GROW_BACKOFF"), ("hold", "NO_FREE_NODES"), ("grow", "OVERUTILIZED")]
+    grow = next(d for d in rec.sim.decisions[2] if d.unit_id == b)
+    assert "powered-down node(s) for Slurm to resume: n3" in grow.message  # the power walk, in both
+    assert [c for c in calls if c[0] == "submit_as"] == [("submit_as", "sim")] * 2  # refused twice
+    assert [e.failure for e in rec.sim.inputs[3].extension_ends] == ["GROW_REFUSED"]
+    assert rec.sim.inputs[-1].power.resume_s == ctl.inputs[-1].power.resume_s == {"n3": INTERVAL}
