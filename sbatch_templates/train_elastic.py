@@ -21,7 +21,15 @@ import torch.distributed as dist
 
 from slurm_elastic import resize
 from slurm_elastic.goodput import nodes_from_env, publish
-from slurm_elastic.torch_resize import GRACE, before_resize, install_grace_handler, load, save, worker_device
+from slurm_elastic.torch_resize import (
+    GRACE,
+    before_resize,
+    first_step,
+    install_grace_handler,
+    load,
+    save,
+    worker_device,
+)
 
 REPORT_EVERY = 20  # steps between two throughput reports (rank 0 only)
 
@@ -37,8 +45,8 @@ def main() -> None:
     device = worker_device()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rendezvous world_size={world} rank={rank} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')}",
-          flush=True)
+    print(f"rendezvous world_size={world} rank={rank} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')} "
+          f"t={time.time():.3f}", flush=True)
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 1).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -63,6 +71,7 @@ def main() -> None:
         dist.all_reduce(stats)
         if rank == 0:
             print(f"step={step} loss={stats[0].item() / world:.4f} world={world}", flush=True)
+            first_step(step, world)  # its time: when a resize's restart trained again
         if rank == 0 and step - mark_step >= REPORT_EVERY:  # goodput: samples/s of the whole job (docs/goodput.md)
             now = time.monotonic()
             publish(samples_per_s=(step - mark_step) * 32 * world / (now - mark_time), nodes=nodes_from_env())

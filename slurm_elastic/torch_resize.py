@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from slurm_elastic import resize
 
 GRACE = {"requested": False}  # set by the signal handler, read at the next step boundary
 DEVICE = [torch.device("cpu")]  # this worker's device, set at start (worker_device)
+FIRST = [True]  # no step taken yet by this process (first_step)
 
 
 def on_grace(signum: int, frame: object) -> None:
@@ -95,7 +97,18 @@ def before_resize(step: int, rank: int, checkpoint: Path, model: torch.nn.Module
     dist.broadcast_object_list(box, src=0)  # every rank holds for the same notice, or none does
     if rank == 0:
         acked = notice is not None and resize.acknowledge(step)
-        print(f"checkpoint saved at step {step} (resize){'; notice acknowledged' if acked else ''}", flush=True)
+        # notice_t (the controller's write) and t (now): the notice -> checkpoint phase of the resize
+        when = f" notice={notice.id} notice_t={notice.time:.3f}" if notice is not None else ""
+        print(f"checkpoint saved at step {step} (resize){'; notice acknowledged' if acked else ''}{when} "
+              f"t={time.time():.3f}", flush=True)
     GRACE["requested"] = False
     if box[0] is not None:
         hold(box[0], rank)
+
+
+def first_step(step: int, world: int) -> None:
+    """Rank 0, after each step: log the first step of this (re)start with its time, ``first step=N world=W
+    t=T`` (the last phase of a resize: bench/resize_phases.py)."""
+    if FIRST[0]:
+        FIRST[0] = False
+        print(f"first step={step} world={world} t={time.time():.3f}", flush=True)
