@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 
 from slurm_elastic import prewarm, resize, taskexit, torchrun_rdzv
 
-NOTICE_POLL_S = 0.5
+NOTICE_POLL_S = 0.2  # a resize's phases wait on it twice (the notice, its acknowledgement): keep it short
 
 
 def child_pids(parent: int | None = None) -> list[int]:
@@ -181,7 +181,8 @@ def notice_follower(rec: taskexit.Recorder | None) -> Callable[[resize.Notice | 
 
 
 def rendezvous_leaver(node: str | None) -> Callable[[resize.Notice | None], None]:
-    """Leaves the torchrun rendezvous once per shrink notice that releases ``node`` (this one)."""
+    """Leaves the torchrun rendezvous once per shrink notice that releases ``node`` (this one), and has the
+    agent re-form as soon as the notice is acknowledged (:mod:`slurm_elastic.torchrun_rdzv`)."""
     left: set[str] = set()
 
     def follow(n: resize.Notice | None) -> None:
@@ -189,6 +190,7 @@ def rendezvous_leaver(node: str | None) -> Callable[[resize.Notice | None], None
             left.add(n.id)
             _log(f"shrink notice {n.id} releases this node: leaving the rendezvous")
             torchrun_rdzv.leave(_log)
+        torchrun_rdzv.follow(n, node)  # after the acknowledgement: re-form at once at the notice's size
     return follow
 
 
