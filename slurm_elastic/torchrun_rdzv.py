@@ -18,8 +18,8 @@ handler: :func:`capture` wraps torch's handler factory and keeps the handler the
   releases their node (Slurm ends them). The override ends with that round, or at the notice's deadline (a grow
   whose extension job never starts: the round then closes at the old size as before), or when the notice goes.
 * **Phase times** (:func:`capture` with ``log``): each call of ``next_rendezvous`` is logged when it starts
-  (``rendezvous join t=T``) and when it returns (``rendezvous complete world=N rank=R t=T``), the re-form phase
-  of a resize (bench/resize_phases.py).
+  (``rendezvous join role=leader|extension t=T``) and when it returns (``rendezvous complete world=N rank=R
+  t=T``), the re-form phase of a resize (bench/resize_phases.py).
 
 Only torch's private ``_stop_heartbeats``/``_op_executor`` and ``_RendezvousExitOp`` are used (torch 2.x); any
 difference in them makes :func:`leave` say so and return False: the resize then goes as before, waiting for the
@@ -29,6 +29,7 @@ heartbeats. Imports torch lazily: only the torchrun mode of the launcher calls t
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -132,7 +133,7 @@ def _log_rounds(handler: Any, log: Callable[[str], None]) -> None:
                 cur.used, cur.restart = True, False
         if cur is not None and cur.released:
             _wait_released(cur, log)
-        log(f"rendezvous join t={time.time():.3f}")
+        log(f"rendezvous join role={os.environ.get('SLURM_ELASTIC_ROLE', 'leader')} t={time.time():.3f}")
         restore = _admit_exactly(handler, cur.size, cur.until, log) if cur is not None and not cur.released else None
         try:
             info = nxt()

@@ -5,8 +5,8 @@ Each phase is the time from the decision (the journaled intent's ``created_at``)
 * ``notice``: the controller wrote the resize notice (``notice_t=`` of rank 0's checkpoint line);
 * ``checkpoint``: rank 0 saved the checkpoint and acknowledged (``checkpoint saved ... t=``);
 * ``leave`` (a shrink): the released node's agent left the rendezvous (the launcher's ``left the rendezvous
-  t=``); ``join`` (a grow): the new agent asked to join (the first ``rendezvous join t=`` after the checkpoint:
-  the running agents re-join only once they see it waiting);
+  t=``); ``join`` (a grow): the extension's new agent asked to join (its first ``rendezvous join
+  role=extension t=`` after the checkpoint; the running agents are already waiting in the round by then);
 * ``reform``: an agent's rendezvous round completed at the new world size (``rendezvous complete world=W t=``);
 * ``first_step``: rank 0's first step at the new size (``first step=N world=W t=``).
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 CKPT_RE = re.compile(r"checkpoint saved at step \d+ \(resize\).* notice_t=([\d.]+) t=([\d.]+)")
 LEAVE_RE = re.compile(r"left the rendezvous t=([\d.]+)")
-JOIN_RE = re.compile(r"rendezvous join t=([\d.]+)")
+JOIN_RE = re.compile(r"rendezvous join role=extension t=([\d.]+)")
 COMPLETE_RE = re.compile(r"rendezvous complete world=(\d+) rank=\S+ t=([\d.]+)")
 FIRST_RE = re.compile(r"^first step=\d+ world=(\d+) t=([\d.]+)")
 PHASES = ("notice", "checkpoint", "leave", "join", "reform", "first_step")

@@ -10,8 +10,8 @@ import pytest
 from tests.cluster.resize_phases import Resize, events, medians, phases, table
 
 RECORDED = (Path(__file__).resolve().parents[1] / "fixtures" / "resize" / "torchrun-shrink-grow.out").read_text()
-SHRINK_NOTICE, SHRINK_ACK = 1796474209.921, 1796474210.067
-GROW_NOTICE, GROW_ACK = 1796474229.888, 1796474230.016
+SHRINK_NOTICE, SHRINK_ACK = 1796475166.505, 1796475166.651
+GROW_NOTICE, GROW_ACK = 1796475188.563, 1796475188.804
 
 
 def test_events_of_a_recorded_shrink_and_grow() -> None:
@@ -32,8 +32,10 @@ def test_phases_of_each_resize_in_order() -> None:
     for r in (shrink, grow):
         order = [r.phases[p] for p in ("notice", "checkpoint", "reform", "first_step")]
         assert order == sorted(order), r.phases
-    assert grow.phases["join"] >= grow.phases["checkpoint"]
-    assert 0 < shrink.phases["first_step"] < 10 and 0 < grow.phases["first_step"] < 15  # the recorded run's
+    # The extension's agent asked to join after the checkpoint; the round closed at once when it did (the leader's
+    # agent was already waiting in it); a released agent left on the notice, before the acknowledgement.
+    assert grow.phases["checkpoint"] < grow.phases["join"] < grow.phases["reform"] < grow.phases["join"] + 1
+    assert shrink.phases["leave"] < shrink.phases["checkpoint"] < shrink.phases["reform"]
 
 
 def test_a_resize_without_its_events_says_which_phases_are_missing() -> None:
