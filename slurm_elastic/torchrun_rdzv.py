@@ -15,8 +15,9 @@ handler: :func:`capture` wraps torch's handler factory and keeps the handler the
   grow), and that one round admits exactly ``to`` nodes (min = max): it closes the moment the last one joins,
   without the last call (``last_call_timeout``) and without closing early on a grow whose new agent is still
   starting. The agents of released nodes do not join it: their ``next_rendezvous`` waits while the notice
-  releases their node (Slurm ends them). The override ends with that round, or at the notice's deadline (a grow
-  whose extension job never starts: the round then closes at the old size as before), or when the notice goes.
+  releases their node (Slurm ends them). The override ends with that round, when the notice's hold ends
+  (``hold_until``: a grow whose extension job never starts; the round then closes at the old size as before), or
+  when the notice is withdrawn or replaced.
 * **Phase times** (:func:`capture` with ``log``): each call of ``next_rendezvous`` is logged when it starts
   (``rendezvous join role=leader|extension t=T``) and when it returns (``rendezvous complete world=N rank=R
   t=T``), the re-form phase of a resize (bench/resize_phases.py).
@@ -50,12 +51,14 @@ class Round:
     notice_id: str
     size: int  # nodes (agents) after the resize
     released: bool  # this node is one the shrink takes away
-    until: float  # Unix time: the override is dropped then (the notice's deadline)
+    until: float  # Unix time: the override is dropped then (the notice's hold_until, when held workers would
+    #               train on; its deadline is shortened to a few acknowledgement times before a grow)
     restart: bool  # make the running agent restart its workers (False: it has formed no round yet)
     used: bool = False
 
 
 EXPECT: list[Round | None] = [None]
+ACTIVE: list[Callable[[], None] | None] = [None]  # puts the settings back while an override is in force
 ROUNDS = [0]  # rendezvous rounds this agent completed
 LOCK = threading.Lock()
 
@@ -66,15 +69,19 @@ def expect(n: resize.Notice, node: str | None) -> None:
         cur = EXPECT[0]
         if (cur is not None and cur.notice_id == n.id) or n.to_nodes <= 0:
             return
-        EXPECT[0] = Round(n.id, n.to_nodes, n.releases(node), n.deadline, restart=ROUNDS[0] > 0)
+        EXPECT[0] = Round(n.id, n.to_nodes, n.releases(node), n.hold_until, restart=ROUNDS[0] > 0)
 
 
 def drop(keep: str | None = None) -> None:
     """The notice is gone (withdrawn, expired) or replaced by notice ``keep``: no override, no restart for it."""
     with LOCK:
         cur = EXPECT[0]
-        if cur is not None and cur.notice_id != keep:
-            EXPECT[0] = None
+        if cur is None or cur.notice_id == keep:
+            return
+        EXPECT[0] = None
+        restore = ACTIVE[0]
+    if restore is not None:
+        restore()
 
 
 def follow(n: resize.Notice | None, node: str | None, now: float | None = None) -> None:
@@ -177,7 +184,7 @@ def _admit_exactly(handler: Any, size: int, until: float, log: Callable[[str], N
 
     def expire() -> None:
         if not done.is_set():
-            log(f"the round of {size} node(s) did not form by the notice's deadline: admitting {lo}..{hi} again")
+            log(f"the round of {size} node(s) has not formed and its notice is over: admitting {lo}..{hi} again")
             restore()
 
     object.__setattr__(settings, "min_nodes", size)
@@ -185,8 +192,10 @@ def _admit_exactly(handler: Any, size: int, until: float, log: Callable[[str], N
     timer = threading.Timer(max(0.0, until - time.time()), expire)
     timer.daemon = True
     timer.start()
+    ACTIVE[0] = expire  # the notice withdrawn while the round waits (drop)
 
     def put_back() -> None:
+        ACTIVE[0] = None
         timer.cancel()
         restore()
     return put_back

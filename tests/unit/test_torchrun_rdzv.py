@@ -143,3 +143,22 @@ def test_leave_without_a_handler_or_with_other_internals_says_so(notice_file: Pa
     finally:
         torchrun_rdzv.HANDLERS.clear()
     assert logs and "could not leave the rendezvous" in logs[0]
+
+
+def test_a_notice_withdrawn_while_its_round_waits_puts_the_agents_range_back(notice_file: Path) -> None:
+    class Waiting(Handler):
+        def next_rendezvous(self) -> Info:
+            self.seen.append((self._settings.min_nodes, self._settings.max_nodes))
+            torchrun_rdzv.follow(None, "n1")  # the watcher's next poll: the controller removed the notice
+            return super().next_rendezvous()
+
+    logs: list[str] = []
+    h = Waiting()
+    torchrun_rdzv._log_rounds(h, logs.append)
+    h.next_rendezvous()
+    _post("grow", 3)
+    torchrun_rdzv.follow(resize.read_notice(), "n1")
+    assert h.num_nodes_waiting() == 1
+    assert h.next_rendezvous().world_size == 4  # the round closes as torchrun's arguments say
+    assert h.seen[-2:] == [(3, 3), (1, 4)]
+    assert any("has not formed and its notice is over" in line for line in logs)
