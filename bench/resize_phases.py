@@ -8,8 +8,10 @@ then a grow 1 -> 2 by an extension job; the first shrink releases a leader's nod
 extension) under the real controller, then prints each resize's phases and their medians, in seconds after the
 decision: notice written, checkpoint acknowledged, the released agent left (shrink) or the new agent joined
 (grow), the rendezvous re-formed at the new size, the first training step at the new size
-(tests/cluster/resize_phases.py). Run it under the cluster's lock (docs/test-cluster.md). Not a timed test: the
-numbers go to docs/performance.md.
+(tests/cluster/resize_phases.py). First the baseline in the same run, ``SLURM_ELASTIC_FAST_RESIZE=0`` (the
+launcher leaves torch's rendezvous alone: heartbeats, last call, restart on the failed collective), then the
+launcher's fast re-form; the last lines are the medians' ratios. Run it under the cluster's lock
+(docs/test-cluster.md). Not a timed test: the numbers go to docs/performance.md.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster.resize_phases import Resize, table  # noqa: E402
+from tests.cluster.resize_phases import Resize, medians, table  # noqa: E402
 
 TEST = "tests/cluster/test_resize_phases_cluster.py"
 
@@ -36,21 +38,29 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.rounds <= 20:
         ap.error("--rounds must be 1..20")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "phases.json"
-        env = {**os.environ, "SLURM_ELASTIC_RESIZE_ROUNDS": str(args.rounds), "SLURM_ELASTIC_PHASES_OUT": str(out),
-               "PYTHONPATH": str(REPO)}
-        pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", "-m", "cluster", TEST]
-        rc = subprocess.run(pytest, cwd=REPO, env=env, timeout=300 + 120 * args.rounds, check=False).returncode
-        if not out.exists():
-            print(f"resize_phases: the test recorded nothing (exit {rc})", file=sys.stderr)
-            return rc or 1
-        rows = json.loads(out.read_text())
-    resizes = [Resize(r["kind"], 0.0, r["world"], dict(r["phases"])) for r in rows]
-    print(f"\nresize phases, seconds after the decision ({args.rounds} shrinks, {args.rounds} grows):")
-    print(table(resizes))
+    got: dict[str, list[Resize]] = {}
+    rc = 0
+    for mode, fast in (("baseline (SLURM_ELASTIC_FAST_RESIZE=0)", "0"), ("fast re-form", "1")):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "phases.json"
+            env = {**os.environ, "SLURM_ELASTIC_RESIZE_ROUNDS": str(args.rounds), "SLURM_ELASTIC_PHASES_OUT": str(out),
+                   "SLURM_ELASTIC_FAST_RESIZE": fast, "PYTHONPATH": str(REPO)}
+            pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-s", "-m", "cluster", TEST]
+            done = subprocess.run(pytest, cwd=REPO, env=env, timeout=300 + 120 * args.rounds, check=False)
+            rc = rc or done.returncode
+            if not out.exists():
+                print(f"resize_phases: {mode}: the test recorded nothing", file=sys.stderr)
+                return rc or 1
+            got[mode] = [Resize(r["kind"], 0.0, r["world"], dict(r["phases"])) for r in json.loads(out.read_text())]
+    for mode, resizes in got.items():
+        print(f"\n{mode}: resize phases, seconds after the decision ({args.rounds} shrinks, {args.rounds} grows):")
+        print(table(resizes))
+    base, fast_m = (medians(r) for r in got.values())
+    for kind in ("shrink", "grow"):
+        b, f = base[kind].get("first_step"), fast_m[kind].get("first_step")
+        if b and f:
+            print(f"{kind}: decision -> first step, median {f:.2f} s fast vs {b:.2f} s baseline: {f / b:.2f}x")
     return rc
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 
 from slurm_elastic import prewarm, resize, taskexit, torchrun_rdzv
 
+FAST_RESIZE_ENV = "SLURM_ELASTIC_FAST_RESIZE"  # "0": torch's own re-form (heartbeats, last call), for comparison
 NOTICE_POLL_S = 0.2  # a resize's phases wait on it twice (the notice, its acknowledgement): keep it short
 
 
@@ -260,7 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not gate():
             rc = PREWARM_FAILED_RC
             return rc
-        leaver = rendezvous_leaver(os.environ.get("SLURMD_NODENAME")) if mode == "torchrun" else None
+        fast = mode == "torchrun" and os.environ.get(FAST_RESIZE_ENV, "1") != "0"
+        leaver = rendezvous_leaver(os.environ.get("SLURMD_NODENAME")) if fast else None
         watcher = watch_notices(signum, None, stop, both(notice_follower(rec), leaver))
         rc = subprocess.Popen(rest).wait() if mode == "exec" else run_torchrun(rest)
         return rc
