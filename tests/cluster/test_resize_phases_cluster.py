@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.store.records import ActionKind
-from tests.cluster.agents_harness import JOB_PYTHON, REPO, Agents
+from tests.cluster.agents_harness import REPO, Agents
 from tests.cluster.controller_harness import controller_config, node_count, running_controller, set_util, wait_until
-from tests.cluster.harness import TestCluster
 from tests.cluster.resize_phases import Resize, events, phases, table
 from tests.cluster.test_controller_e2e import extensions_of
-from tests.cluster.test_resize_templates import repeated_steps, training_log
+from tests.cluster.test_resize_templates import repeated_steps, template_script, training_log
 
 pytestmark = pytest.mark.cluster
 
@@ -31,20 +30,6 @@ DIRECTIVES = ("#ELASTIC --min-nodes 1 --max-nodes 2 --step 1 --scale-up-above 80
               "--window 10s --cooldown 2s --grace 30s --signal USR1")
 ROUNDS = int(os.environ.get("SLURM_ELASTIC_RESIZE_ROUNDS", "1"))
 FAST = os.environ.get("SLURM_ELASTIC_FAST_RESIZE", "1")  # "0": the baseline, torch's own re-form (the bench's)
-
-
-def script(cluster: TestCluster, util_file: Path) -> str:
-    """torchrun_elastic.sbatch as shipped, with test-sized directives, one CPU worker per node and a
-    virtual-GPU load whose utilization the test sets (it ignores the grace signal)."""
-    lines = [ln for ln in (REPO / "sbatch_templates" / "torchrun_elastic.sbatch").read_text().splitlines()
-             if not ln.startswith("#ELASTIC")]
-    at = next(i for i, ln in enumerate(lines) if ln.startswith('echo "elastic role='))
-    load = (f"export SLURM_ELASTIC_VGPU_DIR={cluster.root / 'vgpu'}\n"
-            f"srun --overlap --kill-on-bad-exit=0 --ntasks-per-node=1 bash -c \"trap '' USR1; exec {JOB_PYTHON} "
-            f"-m slurm_elastic.testing.vgpu.workload --util 60 --util-file {util_file} --mem-mib 500\" &")
-    head = lines.index("set -u")
-    cpu = "export SLURM_ELASTIC_NPROC_PER_NODE=1  # torch runs on the CPU here: one worker per node"
-    return "\n".join([*lines[:head], DIRECTIVES, cpu, *lines[head:at], load, *lines[at:]]) + "\n"
 
 
 def test_resizes_record_every_phase_and_repeat_no_step(stack: Agents, tmp_path: Path) -> None:
@@ -59,7 +44,8 @@ def test_resizes_record_every_phase_and_repeat_no_step(stack: Agents, tmp_path: 
     cp = cluster.run(["env", f"PATH={env_path}", f"PYTHONPATH={REPO}", f"SLURM_ELASTIC_FAST_RESIZE={FAST}",
                       "SLURM_ELASTIC_TRAIN_ARGS=--step-seconds 0.1 --checkpoint-every 1000000",
                       "sbatch", "--parsable", f"--chdir={work}", f"--output={cluster.jobs_dir}/%j.out", "-N2",
-                      "--gres=gpu:2", "--time=30"], user="alice", input_text=script(cluster, util))
+                      "--gres=gpu:2", "--time=30"], user="alice",
+                     input_text=template_script("torchrun_elastic.sbatch", cluster, util, DIRECTIVES))
     assert cp.returncode == 0, cp.stderr
     job = int(cp.stdout.strip())
     out = cluster.jobs_dir / f"{job}.out"
