@@ -165,6 +165,8 @@ TaskPlugin=task/cgroup
 JobAcctGatherType=jobacct_gather/cgroup
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
+# Two leaf switches under a spine (topology.conf, daemon-lib.sh write_topology): n1-n2 on leaf1, n3-n6 on leaf2.
+TopologyPlugin=topology/tree
 GresTypes=gpu,mps
 SchedulerType=sched/backfill
 SchedulerParameters=bf_interval=5,sched_min_interval=200000
@@ -214,6 +216,8 @@ POWER_BOOT_S=$POWER_BOOT_S
 EOF
     : > "$etc/power-fail-nodes"  # a test hook (nodes that never boot): a start forgets what a test left
   fi
+
+  write_topology "$etc/topology.conf" n "$NODES" $((NODES + POWER_NODES))
 
   : > "$etc/gres.conf.tmp"
   local n

@@ -188,6 +188,7 @@ write_config() {
     echo "PartitionName=serve Nodes=$NODELIST MaxTime=INFINITE State=UP PriorityTier=10"
   } >> "$etc/slurm.conf.tmp"
   mv "$etc/slurm.conf.tmp" "$etc/slurm.conf"
+  write_topology "$etc/topology.conf" x "$NODES" "$NODES"  # leaf1 x[1-2], leaf2 x[3-4]
   : > "$etc/gres.conf"
   for n in $(node_names); do
     printf 'NodeName=%s Name=gpu File=%s/dev/%s/gpu[0-%d]\n' "$n" "$ROOT" "$n" $((GPUS_PER_NODE - 1)) >> "$etc/gres.conf"

@@ -205,6 +205,7 @@ write_config() {
       -e "s|^AccountingStoragePort=.*|AccountingStoragePort=$DBD_PORT|" \
       -e "s|/var/tmp/slurm-elastic-cluster/|$ROOT/|g" > "$etc/slurm.conf"
   sed -e "s|/var/tmp/slurm-elastic-cluster/|$ROOT/|g" "$SOURCE_ROOT/etc/gres.conf" > "$etc/gres.conf"
+  write_topology "$etc/topology.conf" n "$NODES" "$NODES"  # no CLOUD nodes: leaf1 n[1-2], leaf2 n[3-4]
   printf '%s\n' "$CGROUP_CONF" > "$etc/cgroup.conf"
   if [ "$CGROUP_CONF" = "CgroupPlugin=disabled" ]; then
     sed -i -e 's|^ProctrackType=.*|ProctrackType=proctrack/linuxproc|' -e 's|^TaskPlugin=.*|TaskPlugin=task/none|' \

@@ -18,17 +18,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from train_elastic import DEVICE, GRACE, _on_grace, before_resize, load, save, worker_device
 
 from slurm_elastic import resize
 from slurm_elastic.batchsize import GradNoiseEstimator
 from slurm_elastic.goodput import AdaptiveBatch, batch_plan, nodes_from_env, opt_in, publish, publish_grad_stats
+from slurm_elastic.torch_resize import (
+    GRACE,
+    before_resize,
+    first_step,
+    install_grace_handler,
+    load,
+    save,
+    worker_device,
+)
 
 REPORT_EVERY = 20  # steps between two reports (rank 0 only)
 INIT_BATCH, MAX_BATCH, MAX_LOCAL_BATCH, MIN_LOCAL_BATCH = 32, 512, 64, 8  # this job's limits
@@ -61,12 +68,12 @@ def main() -> None:
     ap.add_argument("--lr-rule", choices=["sqrt", "adascale"], default="sqrt")
     ap.add_argument("--checkpoint-every", type=int, default=100)
     args = ap.parse_args()
-    signal.signal(signal.SIGUSR1, _on_grace)
-    DEVICE[0] = device = worker_device()  # one worker per GPU (train_elastic.py)
+    install_grace_handler()
+    device = worker_device()  # one worker per GPU
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rendezvous world_size={world} rank={rank} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')}",
-          flush=True)
+    print(f"rendezvous world_size={world} rank={rank} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')} "
+          f"t={time.time():.3f}", flush=True)
     torch.manual_seed(rank)
     model = torch.nn.Linear(64, 1).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=BASE_LR)
@@ -120,6 +127,7 @@ def main() -> None:
         dist.all_reduce(flags)
         if rank == 0:
             print(f"step={step} loss={flags[0].item() / world:.4f} world={world}", flush=True)
+            first_step(step, world)  # its time: when a resize's restart trained again
         if rank == 0 and step - mark_step >= REPORT_EVERY:
             now, done = time.monotonic(), step - mark_step
             stats = gns.stats()

@@ -6,14 +6,13 @@ interactions feed a top MLP (the DLRM structure). Same contract as train_elastic
 at each step boundary whether a resize is coming, rank 0 checkpoints (model, Adagrad state, step) and
 acknowledges, all hold until the restart; every (re)start resumes from the checkpoint; rank 0 logs
 ``rendezvous world_size=N``, ``step=N loss=X world=W`` and ``resumed step=N``.
+The checkpoint/acknowledge/hold helpers are the package's (:mod:`slurm_elastic.torch_resize`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
-import sys
 import time
 from pathlib import Path
 
@@ -23,77 +22,17 @@ from torch import nn
 
 from slurm_elastic import resize
 from slurm_elastic.goodput import nodes_from_env, publish
+from slurm_elastic.torch_resize import (
+    GRACE,
+    before_resize,
+    first_step,
+    install_grace_handler,
+    load,
+    save,
+    worker_device,
+)
 
-GRACE = {"requested": False}  # set by the signal handler, read at the next step boundary
-DEVICE = [torch.device("cpu")]  # this worker's device, set at start (worker_device)
 REPORT_EVERY = 20  # steps between two throughput reports (rank 0 only)
-
-
-def _on_grace(signum: int, frame: object) -> None:
-    GRACE["requested"] = True
-
-
-def save(path: Path, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
-    tmp.replace(path)  # atomic: a restart never reads half a checkpoint
-
-
-def load(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
-    if not path.exists():
-        return 0
-    state = torch.load(path, weights_only=True, map_location=DEVICE[0])
-    model.load_state_dict(state["model"])
-    if "optimizer" in state:
-        opt.load_state_dict(state["optimizer"])
-    return int(state["step"])
-
-
-def worker_device() -> torch.device:
-    """This worker's GPU: torchrun starts one worker per GPU (the template's --nproc-per-node) and numbers them
-    LOCAL_RANK on each node; the CPU where torch sees no CUDA."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    torch.cuda.set_device(device)
-    return device
-
-
-def agree(done: bool) -> bool:
-    """All ranks leave the hold together; a peer whose node was taken makes this fail (restart)."""
-    flag = torch.tensor([1.0 if done else 0.0], device=DEVICE[0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item() > 0)
-
-
-def hold(notice_id: str, rank: int) -> None:
-    """Hold until the resize restarts the group. On a shrink that is a failed collective: say so before torch's
-    traceback and torchrun's ``failed (exitcode: 1)``, which are how the restart looks."""
-    try:
-        resize.hold(notice_id, agree=agree)
-    except RuntimeError as e:  # gloo/NCCL: "Connection closed by peer", DistBackendError, ...
-        print(f"slurm-elastic: rank {rank}: a peer left during the hold ({type(e).__name__}): the resize took its "
-              "node; torchrun restarts the workers at the new size and they resume from the checkpoint. The "
-              "traceback and 'failed (exitcode: 1)' below are that restart, not a crash.", file=sys.stderr,
-              flush=True)
-        raise
-
-
-def before_resize(step: int, rank: int, checkpoint: Path, model: torch.nn.Module,
-                  opt: torch.optim.Optimizer) -> None:
-    """Checkpoint (rank 0), acknowledge the notice, hold until the resize restarts the group."""
-    if rank == 0:
-        save(checkpoint, model, opt, step)
-    notice = resize.read_notice()
-    box = [notice.id if notice is not None and rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)  # every rank holds for the same notice, or none does
-    if rank == 0:
-        acked = notice is not None and resize.acknowledge(step)
-        print(f"checkpoint saved at step {step} (resize){'; notice acknowledged' if acked else ''}", flush=True)
-    GRACE["requested"] = False
-    if box[0] is not None:
-        hold(box[0], rank)
 
 
 class DLRM(nn.Module):
@@ -123,12 +62,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--checkpoint-every", type=int, default=200)
     args = ap.parse_args()
-    signal.signal(signal.SIGUSR1, _on_grace)
-    DEVICE[0] = device = worker_device()
+    install_grace_handler()
+    device = worker_device()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rendezvous world_size={world} rank={rank} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')}",
-          flush=True)
+    print(f"rendezvous world_size={world} rank={rank} restart={os.environ.get('TORCHELASTIC_RESTART_COUNT')} "
+          f"t={time.time():.3f}", flush=True)
     torch.manual_seed(0)
     model = DLRM(tables=args.tables, rows=args.rows).to(device)
     opt = torch.optim.Adagrad(model.parameters(), lr=0.01)
@@ -155,6 +94,7 @@ def main() -> None:
         dist.all_reduce(stats)
         if rank == 0:
             print(f"step={step} loss={stats[0].item() / world:.4f} world={world}", flush=True)
+            first_step(step, world)  # its time: when a resize's restart trained again
         if rank == 0 and step - mark_step >= REPORT_EVERY:  # goodput: samples/s of the whole job (docs/goodput.md)
             now = time.monotonic()
             publish(samples_per_s=(step - mark_step) * args.batch * world / (now - mark_time), nodes=nodes_from_env())

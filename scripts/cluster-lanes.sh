@@ -13,8 +13,9 @@
 # Lane 1 must keep: test_store_mariadb.py and test_controller_ha.py (the database slurm_elastic in the default
 # instance's MariaDB on 13306), test_mig_cluster.py (rewrites that instance's slurm.conf/gres.conf and restarts its
 # slurmctld: not tried on the other instances) and the torchrun files, test_controller_e2e.py,
-# test_resize_templates.py, test_adaptive_batch_cluster.py and test_gpu_granular_cluster.py (~75 s; a leader's
-# rendezvous port is 29500 + job id % 1000, which job ids of two instances could share). test_operating_cli.py and test_prometheus_source_cluster.py each
+# test_resize_templates.py, test_resize_phases_cluster.py, test_adaptive_batch_cluster.py and
+# test_gpu_granular_cluster.py (~75 s; a leader's rendezvous port is 29500 + job id % 1000, which job ids of two
+# instances could share). test_operating_cli.py and test_prometheus_source_cluster.py each
 # start a Prometheus on a fixed port of their own. No file depends on another's order.
 lane2_files=(
   tests/cluster/test_slurm_losses_cluster.py tests/cluster/test_reliability_faults.py tests/cluster/test_agent_cluster.py
@@ -27,7 +28,7 @@ lane3_files=(
   tests/cluster/test_time_limit_cluster.py tests/cluster/test_goodput_cluster.py
   tests/cluster/test_reliability_hostile.py tests/cluster/test_operating_cli.py
   tests/cluster/test_controller_failover.py tests/cluster/test_moldable_start_cluster.py
-  tests/cluster/test_doctor_cluster.py
+  tests/cluster/test_doctor_cluster.py tests/cluster/test_topology_cluster.py
 )
 # With two lanes: lane 2 ~1,290 s, lane 1 ~1,280 s (the two-lane CI runs of 2026-12-02).
 lane3_two_lanes=(

@@ -19,6 +19,9 @@ launcher is the task and does:
 * **Pin the rendezvous store** (torchrun mode): only the agent on the leader's batch host
   (``SLURM_ELASTIC_RDZV_HOST_NODE``, set by the batch script) hosts the c10d store (``is_host=true``); every
   other agent is a client, even where all nodes share one hostname.
+* **Leave the rendezvous on a shrink notice** (torchrun mode): on a node the notice releases, the agent leaves
+  the c10d rendezvous at once (:mod:`slurm_elastic.torchrun_rdzv`), so the other agents re-form without waiting
+  for its heartbeats to expire; each rendezvous round is logged with its time (the resize's phases).
 * **Record how its task ended** (``SLURM_ELASTIC_TASKS_DIR``, set by the templates): running, released by a
   shrink notice that names this node, or exited with a status; ``outcome`` turns the records and srun's status
   into the job's exit status, so a task killed because a shrink released its node is no failure
@@ -39,9 +42,10 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 
-from slurm_elastic import prewarm, resize, taskexit
+from slurm_elastic import prewarm, resize, taskexit, torchrun_rdzv
 
-NOTICE_POLL_S = 0.5
+FAST_RESIZE_ENV = "SLURM_ELASTIC_FAST_RESIZE"  # "0": torch's own re-form (heartbeats, last call), for comparison
+NOTICE_POLL_S = 0.2  # a resize's phases wait on it twice (the notice, its acknowledgement): keep it short
 
 
 def child_pids(parent: int | None = None) -> list[int]:
@@ -177,6 +181,31 @@ def notice_follower(rec: taskexit.Recorder | None) -> Callable[[resize.Notice | 
     return follow
 
 
+def rendezvous_leaver(node: str | None) -> Callable[[resize.Notice | None], None]:
+    """Leaves the torchrun rendezvous once per shrink notice that releases ``node`` (this one), and has the
+    agent re-form as soon as the notice is acknowledged (:mod:`slurm_elastic.torchrun_rdzv`)."""
+    left: set[str] = set()
+
+    def follow(n: resize.Notice | None) -> None:
+        if n is not None and n.id not in left and n.releases(node):
+            left.add(n.id)
+            _log(f"shrink notice {n.id} releases this node: leaving the rendezvous")
+            torchrun_rdzv.leave(_log)
+        torchrun_rdzv.follow(n, node)  # after the acknowledgement: re-form at once at the notice's size
+    return follow
+
+
+def both(*follows: Callable[[resize.Notice | None], None] | None) -> Callable[[resize.Notice | None], None] | None:
+    calls = [f for f in follows if f is not None]
+    if not calls:
+        return None
+
+    def follow(n: resize.Notice | None) -> None:
+        for f in calls:
+            f(n)
+    return follow
+
+
 def outcome(args: Sequence[str]) -> int:
     """``outcome SRUN_STATUS``: the job's exit status (:func:`slurm_elastic.taskexit.job_status`), said on
     stderr when it is not simply srun's 0."""
@@ -195,6 +224,7 @@ def outcome(args: Sequence[str]) -> int:
 def run_torchrun(rest: Sequence[str]) -> int:
     torchrun = importlib.import_module("torch.distributed.run")  # only in this mode: torch is the job's own
     sys.argv = ["torchrun", *rdzv_args(rest, os.environ)]
+    torchrun_rdzv.capture(_log)
     try:
         torchrun.main()
     except SystemExit as e:
@@ -231,7 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not gate():
             rc = PREWARM_FAILED_RC
             return rc
-        watcher = watch_notices(signum, None, stop, notice_follower(rec))
+        fast = mode == "torchrun" and os.environ.get(FAST_RESIZE_ENV, "1") != "0"
+        leaver = rendezvous_leaver(os.environ.get("SLURMD_NODENAME")) if fast else None
+        watcher = watch_notices(signum, None, stop, both(notice_follower(rec), leaver))
         rc = subprocess.Popen(rest).wait() if mode == "exec" else run_torchrun(rest)
         return rc
     finally:

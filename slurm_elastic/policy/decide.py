@@ -31,6 +31,7 @@ from datetime import datetime
 from types import MappingProxyType
 
 from slurm_elastic.policy.allocator import assess
+from slurm_elastic.policy.capacity import is_free_node
 from slurm_elastic.policy.config import PolicyConfig, SettingsResolver
 from slurm_elastic.policy.errors import PolicyInputError
 from slurm_elastic.policy.evaluate import evaluate, tail_text
@@ -71,8 +72,10 @@ def decide(inp: PolicyInput, cfg: PolicyConfig, now: datetime) -> list[Decision]
                 _latest(last_resize, unit.unit_id, when)
                 _latest(last_grow, unit.unit_id, when)
 
+    leaves = inp.snapshot.leaf_switch
     ctx = Context(cfg, now, SettingsResolver(cfg), inp.utilization, last_resize, last_grow, cfg.paused_jobs,
-                  last_admit_victim, inp.serving)
+                  last_admit_victim, inp.serving, leaves,
+                  {n.name: n.partitions for n in inp.snapshot.nodes if is_free_node(n)} if leaves else {})
     works = [evaluate(unit, ctx) for unit in sorted(inp.units, key=lambda u: u.unit_id)]
     if cfg.allocator:
         assess(works, ctx)

@@ -18,6 +18,7 @@ from slurm_elastic.policy.reasons import Action, Basis, Reason
 from slurm_elastic.policy.serving import serving_call
 from slurm_elastic.policy.signals import restart_gain_s, scaling, utilization_gate
 from slurm_elastic.policy.speedup import efficiency_of, grow_gain, model_speedup, speedup_from_efficiency
+from slurm_elastic.policy.topology import CROSS_SWITCH_SYNC_PENALTY, charge_cross_switch, crosses_switch, unit_nodes
 from slurm_elastic.policy.wording import ago, pct, vs
 from slurm_elastic.policy.work import Context, UnitWork
 
@@ -293,6 +294,14 @@ def _speedup(w: UnitWork, s: UnitSettings, ctx: Context, util: JobUtilization, *
         speedup, source, basis = speedup_from_efficiency(sc.next_step, current, add), "throughput", Basis.THROUGHPUT
     else:
         speedup, source, basis = model_speedup(mean, current, add), "utilization model", Basis.UTILIZATION
+    if ctx.leaf_switch:
+        part = w.unit.job.partition
+        free = [n for n, parts in ctx.free_nodes.items() if part in parts]
+        crossing = crosses_switch(unit_nodes(w.unit), add, ctx.leaf_switch, free)
+        w.inputs["cross_switch"] = crossing
+        if crossing:
+            speedup = charge_cross_switch(speedup, mean, current, add)
+            source += f", cross-switch x{1 + CROSS_SWITCH_SYNC_PENALTY:.2f} sync"
     eff = efficiency_of(speedup, current, add)
     observed = util.restart_s
     cost = observed if observed is not None else float(s.restart_cost_s)

@@ -108,3 +108,6 @@ class Context:
     paused_jobs: frozenset[int]
     last_admit_victim: dict[int, datetime] = field(default_factory=dict)  # unit -> its last shrink-to-admit
     serving: Mapping[int, ServingLoad] = field(default_factory=dict)
+    leaf_switch: Mapping[str, str] = field(default_factory=dict)  # node -> leaf switch (topology/tree); {}: none
+    #: free node -> its partitions, for the cross-switch charge of a grow (policy/topology.py); {} without a topology
+    free_nodes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

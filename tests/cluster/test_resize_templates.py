@@ -38,7 +38,7 @@ STEP_RE = re.compile(r"^step=(\d+) loss=\S+ world=(\S+)")
 RESUMED_RE = re.compile(r"^resumed step=(\d+)")
 
 
-def template_script(name: str, cluster: TestCluster, util_file: Path) -> str:
+def template_script(name: str, cluster: TestCluster, util_file: Path, directives: str = DIRECTIVES) -> str:
     """The template as shipped, with test-sized directives and a virtual-GPU load whose utilization the test
     sets (torch runs on CPU here, so the controller's signal comes from the workload helper)."""
     lines = [ln for ln in (REPO / "sbatch_templates" / name).read_text().splitlines()
@@ -50,7 +50,7 @@ def template_script(name: str, cluster: TestCluster, util_file: Path) -> str:
             f"-m slurm_elastic.testing.vgpu.workload --util 60 --util-file {util_file} --mem-mib 500\" &")
     head = lines.index("set -u")
     cpu = "export SLURM_ELASTIC_NPROC_PER_NODE=1  # torch runs on the CPU here: one worker per node, not per GPU"
-    return "\n".join([*lines[:head], DIRECTIVES, cpu, *lines[head:at], load, *lines[at:]]) + "\n"
+    return "\n".join([*lines[:head], directives, cpu, *lines[head:at], load, *lines[at:]]) + "\n"
 
 
 def training_log(path: Path) -> tuple[list[tuple[int, str]], list[int]]:

@@ -79,3 +79,10 @@ def test_a_failed_read_keeps_the_last_topology(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(SlurmCli, "TOPOLOGY_TTL", SlurmCli.TOPOLOGY_TTL * 0)
     assert cli.leaf_switches()["n1"] == "leaf1"
     assert len(runner.calls) >= 2
+
+
+def test_the_test_clusters_topology_has_partition_train_nodes_on_both_leaves() -> None:
+    """Recorded from the test cluster (docker-slurm write_topology): the cluster test of a grow kept on its leaf
+    switch needs free always-on nodes under both leaf switches."""
+    leaves = parse_leaf_switches((RECORDED / "recorded" / "scontrol-topology.txt").read_text())
+    assert leaves == {"n1": "leaf1", "n2": "leaf1", "n3": "leaf2", "n4": "leaf2", "n5": "leaf2", "n6": "leaf2"}
