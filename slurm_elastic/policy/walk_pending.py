@@ -14,6 +14,8 @@ from slurm_elastic.policy.capacity import (
     need_of,
 )
 from slurm_elastic.policy.model import AdmitBasis, admit_request
+from slurm_elastic.policy.plan import Entity, Waiting, plan_partition, shares
+from slurm_elastic.policy.reasons import Action
 from slurm_elastic.policy.walk_keys import added_time_s, marginal_loss
 from slurm_elastic.policy.walk_state import WalkState
 from slurm_elastic.policy.work import UnitWork
@@ -30,6 +32,7 @@ class PendingSteps(WalkState):
         parts = tuple(p for p in job.partition.split(",") if p)
         need = need_of(job.gres_per_node)
         count = max(1, job.node_count)
+        count = self.shares.get(job.job_id, count)  # the allocator's round plan: a moldable job at its share
         got = self.pool.take(parts, need, count, status=Status.RESERVED, holder=job.job_id)
         for name in got:
             for part in self.pool.partitions_of[name]:
@@ -179,3 +182,38 @@ class PendingSteps(WalkState):
             else:
                 left.append(w)
         self.tail_protected = left
+
+    # --- the allocator's round plan -------------------------------------------------------------------------------
+
+    def _plan(self, waiting: list[Job]) -> None:
+        """allocator: per partition, the round plan (policy/plan.py) over its victims, grow intents and waiting
+        jobs (priority order). A moldable waiting job then asks for its share only; a victim gives back only down
+        to its planned size (its admit floor). Jobs of several partitions keep their request."""
+        power = self.ctx.cfg.fairness_power
+        mins = self.inp.pending_min_nodes
+        for part in sorted({j.partition for j in waiting if "," not in j.partition}):
+            units: list[Entity] = []
+            for w in self.works:
+                f = w.fairness
+                if f is None or part not in self.unit_parts[w.unit_id] or len(self.unit_parts[w.unit_id]) > 1:
+                    continue
+                held = w.current - w.taken
+                if w.victim_ok:
+                    lo = min(held, max(w.unit.min_nodes, w.admit_floor))
+                    hi = held
+                elif w.action is Action.GROW and w.want > 0:
+                    lo, hi = held, held + w.want
+                else:
+                    continue
+                units.append(Entity((0, w.unit_id), lo, hi, f.normalized_speed, held=held))
+            jobs = [Waiting(j.job_id, min(max(1, mins.get(j.job_id, j.node_count)), max(1, j.node_count)),
+                            max(1, j.node_count)) for j in waiting if j.partition == part]
+            free = self.pool.free_count(part) + len(self.freeing.get(part, ())) - self.reserves.get(part, 0)
+            plan = plan_partition(units, jobs, max(0, free), power)
+            self.shares.update(shares(plan, {j.job_id: j.request for j in jobs}))
+            by_id = {w.unit_id: w for w in self.works}
+            for uid, size in plan.units.items():
+                w = by_id[uid]
+                w.inputs["plan_nodes"] = size
+                if w.victim_ok:
+                    w.admit_floor = max(w.admit_floor, size)

@@ -54,6 +54,7 @@ class WalkState:
     live_freeing: dict[str, _Live[tuple[str, UnitWork]]] = field(default_factory=dict)  # not claimed yet
     waiting_parts: set[str] = field(default_factory=set)  # partitions with a pending job waiting for nodes
     fair_heaps: dict[str, VictimHeap] = field(default_factory=dict)  # allocator: partition -> its victims by rho
+    shares: dict[int, int] = field(default_factory=dict)  # allocator: waiting job -> its share (policy/plan.py)
 
 
     def _ext_job(self, leader: Job) -> Job:

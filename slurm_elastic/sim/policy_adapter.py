@@ -263,7 +263,11 @@ class ProductionPolicy:
         builder = PolicyInputBuilder(self.cfg, t, self.sim.interval)
         units, samples, measures, jobs = self._units_input(running, builder)
         head = True
+        molds: dict[int, int] = {}  # moldable start: the fewest whole nodes each waiting job may start on
         for view in pending:
+            whole = view.requested_gpus // snapshot.gpus_per_node
+            if self.moldable_start and whole >= 1:
+                molds[self._ids[view.job_id]] = min(max(1, view.min_nodes), whole)
             jobs.append(build_job(view, self._ids[view.job_id], age_priority(now - view.submit_time),
                                   snapshot.gpus_per_node, reason="Resources" if head else "Priority",
                                   time_limit=self.settings.time_limits))
@@ -277,7 +281,7 @@ class ProductionPolicy:
         in_progress = [ActionInProgress(f.record.unit_id, str(f.record.action), f.record.at)
                        for f in self._inflight.values()]
         inp = builder.build(slurm, units, samples=samples, measures=measures, history=history,
-                            in_progress=in_progress)
+                            in_progress=in_progress, pending_min_nodes=molds)
         decisions = decide(inp, self.cfg, t)
         return self._act(decisions, now, t)
 
