@@ -195,8 +195,8 @@ class PendingSteps(WalkState):
             units: list[Entity] = []
             for w in self.works:
                 f = w.fairness
-                if f is None or part not in self.unit_parts[w.unit_id] or len(self.unit_parts[w.unit_id]) > 1:
-                    continue
+                if f is None or part not in self.unit_parts[w.unit_id]:
+                    continue  # (a unit on nodes of several partitions is in each one's plan; floors take the max)
                 held = w.current - w.taken
                 if w.victim_ok:
                     lo = min(held, max(w.unit.min_nodes, w.admit_floor))
