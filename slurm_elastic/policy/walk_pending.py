@@ -54,7 +54,7 @@ class PendingSteps(WalkState):
         if self.tail_protected:
             self._note_spared(job, parts)
         if self.victims:
-            self._admit(job, parts, need, count - len(got))
+            self._admit(job, parts, need, count - len(got), got)
 
     def _backing_off(self, job: Job) -> bool:
         """Shrunk for ``job`` before and it still waits: Slurm chose otherwise. No further shrink for it until
@@ -88,7 +88,7 @@ class PendingSteps(WalkState):
             return False
         return fits(add_gres(free, holder.need), need)
 
-    def _admit(self, job: Job, parts: tuple[str, ...], need: Need, deficit: int) -> None:
+    def _admit(self, job: Job, parts: tuple[str, ...], need: Need, deficit: int, got: list[str]) -> None:
         """Shrink lower-priority units just enough for ``job`` to fit, or change nothing if they can not."""
         memo = (parts, need)
         failed_at = self.failed_admits.get(memo)
@@ -109,7 +109,7 @@ class PendingSteps(WalkState):
         tentative: list[tuple[UnitWork, int]] = []
         seen: set[int] = set()  # a unit on nodes of several of the job's partitions is asked once
         if cfg.allocator and still > 0:
-            tentative, still = self._fair_victims(job, part_set, parts, need, still)
+            tentative, still = self._fair_victims(job, part_set, parts, need, still, counted={*got, *claims})
         for part in parts if not cfg.allocator else ():
             live_victims = self.live_victims.get(part)
             for w in live_victims if live_victims is not None else ():
@@ -152,14 +152,19 @@ class PendingSteps(WalkState):
             w.admit_priority = max(w.admit_priority, job.priority)
 
     def _fair_victims(self, job: Job, part_set: set[str], parts: tuple[str, ...], need: Need,
-                      still: int) -> tuple[list[tuple[UnitWork, int]], int]:
+                      still: int, *, counted: set[str]) -> tuple[list[tuple[UnitWork, int]], int]:
         """allocator: the lower-priority victims' nodes, one at a time from the unit whose rho after the shrink
         would be lowest, none past max(fairness_max_rho, the waiting job's own rho) (policy/allocator.py).
         Returns the picks and how many nodes are still missing (all of ``still`` when they are not enough)."""
         max_rho = victim_limit(job, self.ctx.now, self.ctx.cfg.fairness_max_rho)
 
         def helps(w: UnitWork, k: int) -> bool:
-            return self._helps(w.removal()[w.taken + k].node, w, part_set, need)
+            # a node counts once for the job: two units sharing it (GPUs per node) free one place, not two
+            name = w.removal()[w.taken + k].node
+            if name in counted or not self._helps(name, w, part_set, need):
+                return False
+            counted.add(name)
+            return True
 
         if len(parts) == 1:  # the common case: one heap per partition, kept across the walk
             heap = self.fair_heaps.get(parts[0])
@@ -192,13 +197,14 @@ class PendingSteps(WalkState):
         power = self.ctx.cfg.fairness_power
         mins = self.inp.pending_min_nodes
         for part in sorted({j.partition for j in waiting if "," not in j.partition}):
+            top = max(j.priority for j in waiting if j.partition == part)  # victims only give to higher priority
             units: list[Entity] = []
             for w in self.works:
                 f = w.fairness
                 if f is None or part not in self.unit_parts[w.unit_id]:
                     continue  # (a unit on nodes of several partitions is in each one's plan; floors take the max)
                 held = w.current - w.taken
-                if w.victim_ok:
+                if w.victim_ok and w.priority < top:
                     lo = min(held, max(w.unit.min_nodes, w.admit_floor))
                     hi = held
                 elif w.action is Action.GROW and w.want > 0:
@@ -215,5 +221,5 @@ class PendingSteps(WalkState):
             for uid, size in plan.units.items():
                 w = by_id[uid]
                 w.inputs["plan_nodes"] = size
-                if w.victim_ok:
+                if w.victim_ok and w.priority < top:
                     w.admit_floor = max(w.admit_floor, size)

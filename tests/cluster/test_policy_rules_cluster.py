@@ -134,14 +134,16 @@ def test_the_round_plan_admits_an_arrival_by_one_node_from_each_of_two_of_three_
                                    f"--nodelist={nodes}", "--time=60", user=user))
     for j in jobs:
         cluster.wait_state(j, {"RUNNING"})
-    high = cluster.submit("#!/bin/bash\nsleep 600\n", "-N2", "--gres=gpu:2", "--qos=high", "--time=30",
-                          user="alice")
-    wait_until("Slurm to give the high job a pending reason", lambda: str(
-        (cluster.job_record(high) or {}).get("state_reason") or "None") != "None", 30)
     cfg = controller_config(tmp_path, stack)
     (tmp_path / "policy.toml").write_text(policy_text(CLUSTER, shrink_to_admit=True, allocator=True,
                                                       fairness_max_rho=2.0))
     with running_controller(cluster, cfg) as ctl:
+        # The arrival comes once the controller measures all three (a unit without metrics has no rho and is
+        # nobody's victim: the plan would then be of the other two only).
+        wait_until("a rho for each of the three jobs", lambda: all(
+            any("rho" in d.inputs for d in ctl.decisions(j)) for j in jobs), 90, ctl)
+        high = cluster.submit("#!/bin/bash\nsleep 600\n", "-N2", "--gres=gpu:2", "--qos=high", "--time=30",
+                              user="alice")
         wait_until("the high job to start", lambda: cluster.job_state(high) == "RUNNING", 150, ctl)
         shrinks = {j: ctl.applied(j, ActionKind.SHRINK) for j in jobs}
         decisions = {j: ctl.decisions(j) for j in jobs}
@@ -151,7 +153,8 @@ def test_the_round_plan_admits_an_arrival_by_one_node_from_each_of_two_of_three_
         assert node_count(cluster, j) == 2 and cluster.job_state(j) == "RUNNING"
         (admit,) = [d for d in decisions[j] if d.reason == "SHRINK_TO_ADMIT" and d.action == "shrink"]
         assert int(admit.inputs["plan_nodes"]) == 2
-        assert 0.9 < float(admit.inputs["rho"]) < 1.1 < float(admit.inputs["rho_after_shrink"]) <= 2.0
+        rho, after = float(admit.inputs["rho"]), float(admit.inputs["rho_after_shrink"])
+        assert 0.9 < rho < 1.1 and after <= 2.0, (rho, after)  # after: by the utilization model (lower below 50%)
     assert shrinks[c] == [] and node_count(cluster, c) == 2 and cluster.job_state(c) == "RUNNING"
     assert any(int(d.inputs.get("plan_nodes") or 0) == 2 for d in decisions[c])  # planned at what it holds
     print(f"\nround plan: one node each from {a} and {b}, none from {c}, for {high}")
