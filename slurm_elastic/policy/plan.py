@@ -42,7 +42,7 @@ left alone (whole nodes), and the walk's own restart-cost rule guards grows. Pur
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from slurm_elastic.policy.fairness import fairness_value
@@ -63,7 +63,8 @@ class Entity:
 
 @dataclass
 class Waiting:
-    """A waiting job as the plan sees it: its start size (moldable min, else its request) and its request."""
+    """A waiting job as the plan sees it: its start size (moldable min, else its request; 1 <= start <= request)
+    and its request."""
 
     job_id: int
     start: int
@@ -72,10 +73,11 @@ class Waiting:
 
 @dataclass
 class Plan:
-    """The plan of one partition: sizes by unit id and by waiting job id (those it admits)."""
+    """The plan of one partition: sizes by unit id, and by waiting job id for the moldable jobs it admits."""
 
     units: dict[int, int] = field(default_factory=dict)
     jobs: dict[int, int] = field(default_factory=dict)
+    requests: dict[int, int] = field(default_factory=dict)  # the admitted jobs' requests
     budget: int = 0  # the plannable nodes: free + victims' nodes above their floors
 
 
@@ -92,7 +94,13 @@ def _tie(e: Entity) -> tuple[int, int]:
 
 def water_fill(entities: Sequence[Entity], budget: int, power: float) -> int:
     """Hand out ``budget`` nodes one at a time by the largest marginal gain (each entity from its current
-    ``size`` up to ``hi``); returns what was left. Exact for concave per-entity values (module docstring)."""
+    ``size`` up to ``hi``); returns what was left. Exact for concave per-entity values (module docstring).
+    When the budget covers every entity's room, each simply gets its ``hi`` (no heap)."""
+    room = sum(e.hi - e.size for e in entities if e.hi > e.size)
+    if room <= budget:
+        for e in entities:
+            e.size = max(e.size, e.hi)
+        return budget - room
     heap: list[tuple[float, tuple[int, int], int]] = []
     for i, e in enumerate(entities):
         if e.size < e.hi:
@@ -108,10 +116,11 @@ def water_fill(entities: Sequence[Entity], budget: int, power: float) -> int:
     return budget
 
 
-def plan_partition(units: Sequence[Entity], waiting: Sequence[Waiting], free: int, power: float) -> Plan:
+def plan_partition(units: Sequence[Entity], waiting: Iterable[Waiting], free: int, power: float) -> Plan:
     """The plan for one partition: ``units`` with their floors (``lo``) and what they may reach (``hi``: what
     they hold for victims, more for grow intents, ``lo == hi`` for units that keep their size), ``waiting`` in
-    priority order, ``free`` nodes. Entities are changed in place (``size``)."""
+    priority order (read only until the budget is spent), ``free`` nodes. Entities are changed in place
+    (``size``)."""
     budget = free
     for u in units:
         u.size = u.lo
@@ -119,13 +128,17 @@ def plan_partition(units: Sequence[Entity], waiting: Sequence[Waiting], free: in
     plan = Plan(budget=budget)
     admitted: list[Entity] = []
     for job in waiting:
+        if budget <= 0:
+            break
         if job.start <= budget:
             budget -= job.start
-            admitted.append(Entity((1, job.job_id), job.start, max(job.start, job.request),
-                                   _linear(max(1, job.request)), size=job.start))
+            if job.start < job.request:  # a rigid job has no room to fill: its size is its request
+                admitted.append(Entity((1, job.job_id), job.start, job.request, _linear(job.request),
+                                       size=job.start))
     water_fill([*units, *admitted], budget, power)
     plan.units = {u.key[1]: u.size for u in units}
     plan.jobs = {e.key[1]: e.size for e in admitted}
+    plan.requests = {e.key[1]: e.hi for e in admitted}
     return plan
 
 
@@ -134,9 +147,9 @@ def _linear(request: int) -> Callable[[int], float]:
     return lambda n: n / request
 
 
-def shares(plan: Plan, requests: Mapping[int, int]) -> dict[int, int]:
+def shares(plan: Plan) -> dict[int, int]:
     """The waiting jobs the plan starts below their request: job id -> share."""
-    return {j: n for j, n in plan.jobs.items() if n < requests.get(j, n)}
+    return {j: n for j, n in plan.jobs.items() if n < plan.requests.get(j, n)}
 
 
 __all__ = ["Entity", "Plan", "Waiting", "plan_partition", "shares", "water_fill"]

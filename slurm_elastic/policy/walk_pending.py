@@ -3,6 +3,7 @@ fit, shrink-to-admit takes nodes of lower-priority units for it (the allocator b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from itertools import takewhile
 
 from slurm_elastic.policy.allocator import VictimHeap, victim_limit
@@ -193,33 +194,50 @@ class PendingSteps(WalkState):
     def _plan(self, waiting: list[Job]) -> None:
         """allocator: per partition, the round plan (policy/plan.py) over its victims, grow intents and waiting
         jobs (priority order). A moldable waiting job then asks for its share only; a victim gives back only down
-        to its planned size (its admit floor). Jobs of several partitions keep their request."""
+        to its planned size (its admit floor). Jobs of several partitions keep their request. A partition with
+        neither a victim nor a moldable waiting job is not planned: the plan could change nothing there."""
         power = self.ctx.cfg.fairness_power
         mins = self.inp.pending_min_nodes
-        for part in sorted({j.partition for j in waiting if "," not in j.partition}):
-            top = max(j.priority for j in waiting if j.partition == part)  # victims only give to higher priority
+        by_part: dict[str, list[Job]] = {}
+        for j in waiting:
+            if "," not in j.partition:
+                by_part.setdefault(j.partition, []).append(j)
+        if not by_part:
+            return
+        members: dict[str, list[UnitWork]] = {}
+        for w in self.works:
+            if w.fairness is not None and (w.victim_ok or (w.action is Action.GROW and w.want > 0)):
+                for part in self.unit_parts[w.unit_id]:
+                    if part in by_part:  # (a unit on nodes of several partitions is in each one's plan)
+                        members.setdefault(part, []).append(w)
+        for part in sorted(by_part):
+            jobs = by_part[part]
+            top = max(j.priority for j in jobs)  # victims only give to higher priority
+            victims = [w for w in members.get(part, ()) if w.victim_ok and w.priority < top]
+            if not victims and not any(j.job_id in mins for j in jobs):
+                continue
             units: list[Entity] = []
-            for w in self.works:
-                f = w.fairness
-                if f is None or part not in self.unit_parts[w.unit_id]:
-                    continue  # (a unit on nodes of several partitions is in each one's plan; floors take the max)
+            planned: list[UnitWork] = []
+            for w in members.get(part, ()):
+                assert w.fairness is not None
                 held = w.current - w.taken
                 if w.victim_ok and w.priority < top:
-                    lo = min(held, max(w.unit.min_nodes, w.admit_floor))
-                    hi = held
+                    lo, hi = min(held, max(w.unit.min_nodes, w.admit_floor)), held
                 elif w.action is Action.GROW and w.want > 0:
                     lo, hi = held, held + w.want
                 else:
                     continue
-                units.append(Entity((0, w.unit_id), lo, hi, f.normalized_speed, held=held))
-            jobs = [Waiting(j.job_id, min(max(1, mins.get(j.job_id, j.node_count)), max(1, j.node_count)),
-                            max(1, j.node_count)) for j in waiting if j.partition == part]
+                units.append(Entity((0, w.unit_id), lo, hi, w.fairness.normalized_speed, held=held))
+                planned.append(w)
             free = self.pool.free_count(part) + len(self.freeing.get(part, ())) - self.reserves.get(part, 0)
-            plan = plan_partition(units, jobs, max(0, free), power)
-            self.shares.update(shares(plan, {j.job_id: j.request for j in jobs}))
-            by_id = {w.unit_id: w for w in self.works}
-            for uid, size in plan.units.items():
-                w = by_id[uid]
-                w.inputs["plan_nodes"] = size
+            plan = plan_partition(units, (_waiting(j, mins) for j in jobs), max(0, free), power)
+            self.shares.update(shares(plan))
+            for w, e in zip(planned, units, strict=True):
+                w.inputs["plan_nodes"] = e.size
                 if w.victim_ok and w.priority < top:
-                    w.admit_floor = max(w.admit_floor, size)
+                    w.admit_floor = max(w.admit_floor, e.size)
+
+
+def _waiting(job: Job, mins: Mapping[int, int]) -> Waiting:
+    request = max(1, job.node_count)
+    return Waiting(job.job_id, min(max(1, mins.get(job.job_id, request)), request), request)
