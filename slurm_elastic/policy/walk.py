@@ -137,8 +137,9 @@ class Walk(PendingSteps, GrantSteps):
             if job.is_pending and job.job_id not in ext_ids and (job.state_reason or "None") in block:
                 events.append(((-job.priority, 0, job.job_id), job))
                 self.waiting_parts.update(p for p in job.partition.split(",") if p)
-        if self.ctx.cfg.allocator:
-            self._plan([item for _, item in sorted(events, key=lambda e: e[0]) if isinstance(item, Job)])
+        if self.ctx.cfg.allocator:  # (only waiting jobs so far: sorted once here, the later sort merges the grows)
+            events.sort(key=lambda e: e[0])
+            self._plan([item for _, item in events if isinstance(item, Job)])
         # speedup_growth: those grows go by their saving among themselves, all after the pending jobs of priority
         # >= the lowest of them, so that they share only nodes no such pending job can use (the spare nodes)
         by_gain = [w for w in self.works if w.action is Action.GROW and not w.tail_regrow
