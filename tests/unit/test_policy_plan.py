@@ -80,7 +80,7 @@ def test_decide_admits_a_moldable_arrival_by_one_node_from_each_of_three_units()
     assert "plan_nodes" not in walk[100].inputs
 
 
-def _sharing(priority_a: int) -> dict:  # type: ignore[type-arg]
+def _sharing(priority_a: int, *, allocator: bool = True) -> dict:  # type: ignore[type-arg]
     """Three units at two GPUs per node share four 4-GPU nodes (A n1-n3, B n2-n4, C n1,n4: every node full); an
     arrival needs two GPUs on each of two nodes. A shrink gives back a unit's last node."""
     units = [unit(job(uid, nodes=names, gpus=2, priority=prio))
@@ -89,7 +89,8 @@ def _sharing(priority_a: int) -> dict:  # type: ignore[type-arg]
     inp = make_input(units, [node(f"n{i}", used=4) for i in range(1, 5)],
                      pending_jobs=[pending(900, count=2, gpus=2, priority=100)],
                      utils=[util(u.unit_id, 60) for u in units])
-    return {d.unit_id: d for d in decide(inp, cfg(shrink_to_admit=True, allocator=True, fairness_max_rho=3.0), NOW)}
+    c = cfg(shrink_to_admit=True, allocator=True, fairness_max_rho=3.0) if allocator else cfg(shrink_to_admit=True)
+    return {d.unit_id: d for d in decide(inp, c, NOW)}
 
 
 def test_units_sharing_nodes_admit_an_arrival_by_one_node_each_from_the_two_that_free_different_nodes() -> None:
@@ -97,6 +98,8 @@ def test_units_sharing_nodes_admit_an_arrival_by_one_node_each_from_the_two_that
     assert [got[u].target_nodes for u in (100, 101, 102)] == [2, 2, 2]
     assert got[100].shrink is not None and got[100].shrink.released_nodes == ("n3",)
     assert got[101].shrink is not None and got[101].shrink.released_nodes == ("n4",)
+    walk = _sharing(10, allocator=False)  # the rule walk strips its first victim of both nodes instead
+    assert [walk[u].target_nodes for u in (100, 101, 102)] == [1, 3, 2]
 
 
 def test_a_node_two_victims_would_free_counts_once_for_the_arrival() -> None:
