@@ -227,6 +227,8 @@ class PendingSteps(WalkState):
                     lo, hi = held, held + w.want
                 else:
                     continue
+                if lo >= hi:
+                    continue  # nothing to give and nothing to take: the plan can only leave it as it is
                 units.append(Entity((0, w.unit_id), lo, hi, w.fairness.normalized_speed, held=held))
                 planned.append(w)
             free = self.pool.free_count(part) + len(self.freeing.get(part, ())) - self.reserves.get(part, 0)
