@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default="1-8")
     ap.add_argument("--schedulers", default="greedy,backfill")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--policies", default="walk,allocator", help="the columns to run (walk, allocator, or both)")
     args = ap.parse_args(argv)
     extra = {k: tomllib.loads(f"v = {v}")["v"] for k, v in (s.split("=", 1) for s in args.set)}
     walk: PolicyConfig = config_from_mapping({"version": 1})
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
                 rigid = simulate_one(workload, SimConfig(16, 4, scheduler=sched), models)  # type: ignore[arg-type]
                 b = summarize(rigid)
                 for label, cfg in (("walk", walk), ("allocator", alloc)):
+                    if label not in args.policies.split(","):
+                        continue
                     sim = SimConfig(16, 4, scheduler=sched, moldable_start=True)  # type: ignore[arg-type]
                     run = simulate_one(workload, sim, models, policy=ProductionPolicy(cfg, sim))
                     print(_row(f"{wset}/{n} {label}", b, summarize(run), slowdown(rigid, run)), flush=True)

@@ -166,6 +166,7 @@ class PolicyInputBuilder:
         extension_qos: str | None = None,
         serving: Mapping[int, ServingLoad] | None = None,
         power: PowerState | None = None,
+        pending_min_nodes: Mapping[int, int] | None = None,
     ) -> PolicyInput:
         """The input of ``decide``. ``samples`` and ``measures`` are by unit id; samples older than the unit's
         window start are ignored, goodput of a unit whose settings do not use it is dropped, and facts about
@@ -199,6 +200,7 @@ class PolicyInputBuilder:
             extension_qos=extension_qos,
             serving=loads,
             power=power if power is not None else PowerState(),
+            pending_min_nodes=dict(pending_min_nodes or {}),
             in_progress=tuple(sorted((a for a in in_progress if a.unit_id in ids),
                                      key=lambda a: (a.since, a.unit_id, a.kind))),
             extension_ends=tuple(sorted((e for e in extension_ends if e.unit_id in ids),

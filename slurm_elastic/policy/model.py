@@ -305,6 +305,9 @@ class PolicyInput:
     serving: Mapping[int, ServingLoad] = field(default_factory=dict, hash=False)
     #: Slurm power saving: resume times, ResumeTimeout, failed resumes (powered-down nodes as capacity).
     power: PowerState = field(default_factory=PowerState)
+    #: Waiting jobs that moldable start may start on fewer whole nodes than they asked for: job id -> the fewest
+    #: (their ``#ELASTIC`` min). With the allocator such a job enters the round plan at a share (policy/plan.py).
+    pending_min_nodes: Mapping[int, int] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

@@ -195,7 +195,11 @@ class ProductionPolicy:
         builder = PolicyInputBuilder(self.cfg, t, self.sim.interval)
         units, samples, measures, jobs = self._units_input(running, builder)
         head = True
+        molds: dict[int, int] = {}  # moldable start: the fewest whole nodes each waiting job may start on
         for view in pending:
+            whole = view.requested_gpus // snapshot.gpus_per_node
+            if self.moldable_start and whole >= 1:
+                molds[self._ids[view.job_id]] = min(max(1, view.min_nodes), whole)
             jobs.append(build_job(view, self._ids[view.job_id], age_priority(now - view.submit_time),
                                   snapshot.gpus_per_node, reason="Resources" if head else "Priority",
                                   time_limit=self.settings.time_limits))
@@ -212,7 +216,7 @@ class ProductionPolicy:
         self._ends = [e for e in self._ends if e.ended_at > t - timedelta(seconds=LOOKBACK_S)]
         inp = builder.build(slurm, units, samples=samples, measures=measures, history=history,
                             in_progress=in_progress, extension_ends=self._ends,
-                            power=power_state(self._power, None, {}))
+                            power=power_state(self._power, None, {}), pending_min_nodes=molds)
         decisions = decide(inp, self.cfg, t)
         return self._act(decisions, now, t)
 
