@@ -25,20 +25,19 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Literal
 
 from slurm_elastic.policy.fragmentation import stranded_free
 from slurm_elastic.policy.moldable import CountedFree, MoldCandidate, plan_molds
-from slurm_elastic.sim.cluster import Allocation, Cluster, shape_of
+from slurm_elastic.sim.cluster import Allocation, Cluster
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import ElasticPolicy, ResizeOutcome, ResizeRequest
 from slurm_elastic.sim.errors import PerfModelError, SimulationError, WorkloadError
 from slurm_elastic.sim.perfmodel.base import JobPerf, Shape
 from slurm_elastic.sim.records import JobRecord, SimResult, UsageInterval
 from slurm_elastic.sim.resizing import ElasticHook
-from slurm_elastic.sim.scheduler import PendingJob, RunningJob, plan
+from slurm_elastic.sim.scheduler import PendingJob, plan
+from slurm_elastic.sim.simjob import SimJob
 from slurm_elastic.sim.workload import JobSpec
 
 __all__ = ["JobRecord", "SimResult", "Simulation", "UsageInterval"]
@@ -48,42 +47,6 @@ class _Event(IntEnum):  # value = order among events at the same instant
     COMPLETE = 0
     ARRIVE = 1
     CYCLE = 2
-
-
-@dataclass
-class _Job:
-    index: int
-    spec: JobSpec
-    perf: JobPerf
-    time_limit: float
-    min_nodes: int
-    max_nodes: int
-    pending_view: PendingJob
-    state: Literal["FUTURE", "PENDING", "RUNNING", "DONE"] = "FUTURE"
-    alloc: Allocation = ()
-    shape: Shape = ()
-    gpus: int = 0
-    running_view: RunningJob | None = None
-    first_start: float | None = None
-    run_start: float = 0.0
-    end: float | None = None
-    # Progress at the start of the current segment (constant shape), and when progress resumes after a delay.
-    seg_time: float = 0.0
-    seg_progress: float = 0.0
-    seg_epoch: int = 0
-    seg_ready: float = 0.0
-    version: int = 0
-    resizes: int = 0
-    last_resize: float | None = None
-    gpus_seen: list[int] = field(default_factory=list)
-    nodes_seen: list[int] = field(default_factory=list)
-    molded: bool = False
-
-    def set_alloc(self, alloc: Allocation) -> None:
-        self.alloc = alloc
-        self.shape = shape_of(alloc)
-        self.gpus = sum(self.shape)
-        self.running_view = RunningJob(self.index, self.gpus, self.run_start + self.time_limit) if alloc else None
 
 
 def _walk(
@@ -135,12 +98,12 @@ class Simulation(ElasticHook):
         self.now = 0.0
         self._heap: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
-        self._jobs: list[_Job] = []
-        self._by_id: dict[str, _Job] = {}
-        self._pending: list[_Job] = []  # priority order
+        self._jobs: list[SimJob] = []
+        self._by_id: dict[str, SimJob] = {}
+        self._pending: list[SimJob] = []  # priority order
         self._pending_views: list[PendingJob] = []  # the same, as the scheduler sees them
         self._earliest_end: float | None = None  # min expected end of running jobs; None = recompute
-        self._running: dict[int, _Job] = {}
+        self._running: dict[int, SimJob] = {}
         self._dirty = False
         self._next_cycle: float | None = None
         self._last_cycle: float | None = None
@@ -160,7 +123,7 @@ class Simulation(ElasticHook):
             self._jobs.append(job)
             self._by_id[spec.job_id] = job
 
-    def _make_job(self, index: int, spec: JobSpec, perf: JobPerf) -> _Job:
+    def _make_job(self, index: int, spec: JobSpec, perf: JobPerf) -> SimJob:
         cfg = self.config
         if spec.num_gpus < 1 or spec.num_gpus > self.cluster.total_gpus:
             raise WorkloadError(
@@ -183,7 +146,7 @@ class Simulation(ElasticHook):
         limit = spec.time_limit if spec.time_limit is not None else (cfg.start_delay + finish) * cfg.walltime_factor
         max_nodes = min(spec.max_nodes or cfg.max_nodes or cfg.num_nodes, cfg.num_nodes)
         min_nodes = min(spec.min_nodes or cfg.min_nodes, max_nodes)
-        return _Job(
+        return SimJob(
             index=index,
             spec=spec,
             perf=perf,
@@ -275,7 +238,7 @@ class Simulation(ElasticHook):
 
     # ----------------------------------------------------------------- job lifecycle
 
-    def _start(self, job: _Job, alloc: Allocation) -> None:
+    def _start(self, job: SimJob, alloc: Allocation) -> None:
         self.cluster.take(alloc)
         job.state = "RUNNING"
         if job.first_start is None:
@@ -290,20 +253,20 @@ class Simulation(ElasticHook):
         self._running[job.index] = job
         self._schedule_completion(job)
 
-    def _schedule_completion(self, job: _Job) -> None:
+    def _schedule_completion(self, job: SimJob) -> None:
         job.version += 1
         epoch, _, finish = _walk(job.perf, job.shape, (job.seg_epoch, job.seg_progress), job.seg_ready, math.inf)
         if epoch < job.perf.num_epochs:  # pragma: no cover - infinite horizon always finishes
             raise SimulationError(f"job {job.spec.job_id} never finishes")
         self._push(max(finish, self.now), _Event.COMPLETE, job.index, job.version)
 
-    def _position(self, job: _Job, at: float) -> tuple[int, float]:
+    def _position(self, job: SimJob, at: float) -> tuple[int, float]:
         if at <= job.seg_ready:
             return job.seg_epoch, job.seg_progress
         epoch, progress, _ = _walk(job.perf, job.shape, (job.seg_epoch, job.seg_progress), job.seg_ready, at)
         return epoch, progress
 
-    def _close_segment(self, job: _Job) -> None:
+    def _close_segment(self, job: SimJob) -> None:
         """Record the usage of the segment that ends now."""
         gpus = job.gpus
         ready = min(max(job.seg_ready, job.seg_time), self.now)
@@ -313,7 +276,7 @@ class Simulation(ElasticHook):
             busy = gpus * job.perf.utilization(job.shape, min(job.seg_epoch, job.perf.num_epochs - 1))
             self._usage.append(UsageInterval(job.index, ready, self.now, gpus, busy))
 
-    def _complete(self, job: _Job) -> None:
+    def _complete(self, job: SimJob) -> None:
         self._close_segment(job)
         self.cluster.give_back(job.alloc)
         job.state = "DONE"

@@ -19,9 +19,7 @@ from slurm_elastic.sim.elastic import (
 )
 from slurm_elastic.sim.errors import PerfModelError
 from slurm_elastic.sim.perfmodel.adaptive import AdaptiveBatchJobPerf
-
-if TYPE_CHECKING:
-    from slurm_elastic.sim.engine import _Job
+from slurm_elastic.sim.simjob import SimJob
 
 
 class ElasticHook:
@@ -30,16 +28,16 @@ class ElasticHook:
     config: SimConfig
     cluster: Cluster
     now: float
-    _running: dict[int, _Job]
-    _pending: list[_Job]
-    _by_id: dict[str, _Job]
+    _running: dict[int, SimJob]
+    _pending: list[SimJob]
+    _by_id: dict[str, SimJob]
     _outcomes: list[ResizeOutcome]
     _earliest_end: float | None
 
     if TYPE_CHECKING:
-        def _position(self, job: _Job, at: float) -> tuple[int, float]: ...
-        def _close_segment(self, job: _Job) -> None: ...
-        def _schedule_completion(self, job: _Job) -> None: ...
+        def _position(self, job: SimJob, at: float) -> tuple[int, float]: ...
+        def _close_segment(self, job: SimJob) -> None: ...
+        def _schedule_completion(self, job: SimJob) -> None: ...
 
     def _snapshot(self) -> SimClusterState:
         holders: list[list[str]] = [[] for _ in range(self.cluster.num_nodes)]
@@ -116,11 +114,11 @@ class ElasticHook:
             jobs=tuple(views),
         )
 
-    def _reject(self, req: ResizeRequest, job: _Job | None, code: str, message: str) -> None:
+    def _reject(self, req: ResizeRequest, job: SimJob | None, code: str, message: str) -> None:
         current = len(job.alloc) if job is not None else 0
         self._outcomes.append(ResizeOutcome(self.now, req.job_id, current, req.target_nodes, "rejected", code, message))
 
-    def _validate(self, req: ResizeRequest, seen: set[str]) -> _Job | None:
+    def _validate(self, req: ResizeRequest, seen: set[str]) -> SimJob | None:
         job = self._by_id.get(req.job_id)
         if job is None:
             self._reject(req, None, "unknown_job", f"no job {req.job_id}")
@@ -177,7 +175,7 @@ class ElasticHook:
             extra = tuple((node, self.cluster.gpus_per_node) for node in free_nodes[:wanted])
             self._resize(req, job, job.alloc + extra)
 
-    def _resize(self, req: ResizeRequest, job: _Job, new_alloc: Allocation) -> None:
+    def _resize(self, req: ResizeRequest, job: SimJob, new_alloc: Allocation) -> None:
         new_shape = shape_of(new_alloc)
         epoch, progress = self._position(job, self.now)
         if sum(new_shape) > job.perf.max_gpus:
