@@ -128,8 +128,10 @@ def test_the_round_plan_admits_an_arrival_by_one_node_from_each_of_two_of_three_
     jobs: list[int] = []
     for nodes, user in (("n1,n2,n3", "bob"), ("n2,n3,n4", "alice"), ("n1,n4", "bob")):
         count = nodes.count(",") + 1
+        # --scale-down-below 10: the first window holds the samples from before srun started the workload (0%),
+        # which took its mean below 40% in one run and shrank C as UNDERUTILIZED; only the plan may shrink here.
         directives = (f"#ELASTIC --min-nodes 1 --max-nodes {count} --window 10s --cooldown 15s --grace 3s "
-                      "--signal USR2")
+                      "--signal USR2 --scale-down-below 10")
         jobs.append(cluster.submit(elastic_script(BAND, directives, marker), f"-N{count}", "--gres=gpu:2",
                                    f"--nodelist={nodes}", "--time=60", user=user))
     for j in jobs:
