@@ -6,7 +6,7 @@
     .venv/bin/python bench/reliability.py --soak 1   # only the soak, 1 hour, on the namespace cluster
                                                      # (docker-slurm/netns-cluster.sh; started and stopped here)
     .venv/bin/python bench/reliability.py --soak 0.9 --resizes 1000
-                                                     # issue 28's run: until 1,000 resizes are applied (~22 a
+                                                     # the 1,000-resize run: until that many are applied (~22 a
                                                      # minute here), at most 0.9 hours; fails short of them
 
 Cluster tests run under the shared lock, as every cluster test on this machine must.

@@ -2,15 +2,15 @@
 (docker-slurm/netns-cluster.sh): run by tests/cluster/test_network_faults.py, long form through
 ``bench/reliability.py --soak HOURS``.
 
-Set for resizes per minute (issue 28 asks for >= 1,000 in one run). What limits the rate, measured: a job reacts to
-a flip once the mean of its window (window_s 10 s + two 2 s cycles of slack, of the agents' 4 s means) crosses a
-threshold; with the cluster tests' 40..80 band and 10%/90% loads a grow needed 7/8 of the window busy (~14 s),
-longer than many flips lasted; and a grow needs a free node: with one leader per node only one node was free. So
-here the band is 45..55 (half the window decides either way), the cooldown 2 s, flips every 11-17 s, and the
-four leaders (1 GPU each, 1..3 nodes) share x1, which leaves x2..x4 free for extensions: two pairs flip opposite
-ways, so one pair's shrinks free the nodes the other pair's grows take (up to 6 resizes a flip). Every fault kind
-of the earlier soak is kept at its cadence. Measured on the loaded 2-core VM, 5 min each: 1..2 nodes 14.8
-resizes/min, 1..3 nodes 21.8 (the earlier soak: 6.8).
+Set for resizes per minute (the crash-safety soak needs >= 1,000 in one run). What limits the rate, measured: a job
+reacts to a flip once the mean of its window (window_s 10 s + two 2 s cycles of slack, of the agents' 4 s means)
+crosses a threshold; with the cluster tests' 40..80 band and 10%/90% loads a grow needed 7/8 of the window busy (~14
+s), longer than many flips lasted; and a grow needs a free node: with one leader per node only one node was free. So
+here the band is 45..55 (half the window decides either way), the cooldown 2 s, flips every 11-17 s, and the four
+leaders (1 GPU each, 1..3 nodes) share x1, which leaves x2..x4 free for extensions: two pairs flip opposite ways, so
+one pair's shrinks free the nodes the other pair's grows take (up to 6 resizes a flip). Every fault kind of the
+earlier soak is kept at its cadence. Measured on the loaded 2-core VM, 5 min each: 1..2 nodes 14.8 resizes/min, 1..3
+nodes 21.8 (the earlier soak: 6.8).
 
 ``SLURM_ELASTIC_SOAK_S`` is the fault phase's length (at most, with ``SLURM_ELASTIC_SOAK_RESIZES``: the phase ends
 once that many resizes are applied, and the soak fails if it never got there); ``SLURM_ELASTIC_SOAK_JOBS`` /
