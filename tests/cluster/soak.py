@@ -247,7 +247,9 @@ def run_soak(net: NetnsAgents, net_cluster: TestCluster, tmp_path: Path) -> None
           f"{rss_text}; {db_text}; tracebacks {fin.tracebacks}")
     for w in lost[:20]:
         print(f"  no journal entry: {w.line}")
-    assert (orphans, duplicates, open_intents, lost, untracked, unaccounted, mismatched) == ([],) * 7
+    assert (orphans, duplicates, open_intents, lost, untracked, unaccounted, mismatched) == ([],) * 7, (
+        f"orphans {orphans}, duplicates {duplicates}, open intents {open_intents}, writes with no journal entry "
+        f"{[w.line for w in lost]}, untracked {untracked}, unaccounted {unaccounted}, size mismatches {mismatched}")
     assert resizes >= max(2, RESIZES) and faults.events["kill"] >= 2 and writes
     assert fin.tracebacks == 0
     assert not rss_ratio > 1.25, f"controller RSS grew x{rss_ratio:.2f} between the first and last third"
