@@ -10,18 +10,27 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from slurm_elastic.store.records import ActionState
 from slurm_elastic.testing.vgpu.build import build_library
 from tests.cluster.agents_harness import REPO, Agents, prepare_agents, wait_for
+from tests.cluster.controller_harness import controller_config, set_util, util_script
 from tests.cluster.harness import TestCluster
+from tests.policy_text import CLUSTER, policy_text
 
 NETNS_SH = REPO / "docker-slurm" / "netns-cluster.sh"
 NETNS_ROOT = Path(os.environ.get("SLURM_ELASTIC_NETNS_CLUSTER_DIR", "/var/tmp/slurm-elastic-cluster-netns"))
 NET = "10.77.0"
 AGENT_PORT = 18000  # the same on every node: each node has its own address
 CTLD_PORT = 19817
+DIRECTIVES = "#ELASTIC --min-nodes 1 --max-nodes 2 --window 10s --cooldown 5s --grace 1s --signal USR2"
+AGENT_TIMEOUT_S = 1.5
+OPEN = {ActionState.INTENT, ActionState.IN_PROGRESS}
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING"}
+POLICY = policy_text(CLUSTER, cooldown_s=5, grace_s=1)
 
 
 def node_addr(node: str) -> str:
@@ -103,3 +112,23 @@ def running_netns_agents(cluster: TestCluster, key_dir: Path, *, interval_s: flo
     finally:
         for p in procs.values():
             stop_agent(p)
+
+
+def controller(agents: NetnsAgents, tmp: Path) -> tuple[Path, list[str]]:
+    """The controller's config and the prefix that runs it in its own namespace. As packaged (5 s per agent in a
+    30 s interval) an agent's timeout is well inside the interval; the harness's 3 s is not (its interval is 2 s)."""
+    cfg = controller_config(tmp, agents)
+    (tmp / "policy.toml").write_text(POLICY)
+    text = cfg.read_text()
+    assert text.count("timeout_s = 3\n") == 1
+    cfg.write_text(text.replace("timeout_s = 3\n", f"timeout_s = {AGENT_TIMEOUT_S}\n"))
+    return cfg, in_ns("ctl")
+
+
+def elastic_job(cluster: TestCluster, util: int, *args: str, directives: str = DIRECTIVES,
+                user: str = "bob") -> tuple[int, Path]:
+    util_file = cluster.jobs_dir / f"util-{uuid.uuid4().hex[:8]}"
+    set_util(util_file, util)
+    job = cluster.submit(util_script(cluster, util_file, directives), "--gres=gpu:1", "--time=30", *args, user=user)
+    cluster.wait_state(job, {"RUNNING"})
+    return job, util_file
