@@ -107,9 +107,9 @@ def prepare_agents(cluster: TestCluster, key_dir: Path, nodes: Sequence[str] = (
     install_plugins(cluster)
     vgpu_dir = cluster.root / "vgpu"
     for node in nodes or cluster.nodes:
-        # nK's GPU device minors start at (K - 1) * GPUs per node (docker-slurm/cluster.sh)
+        # nK's (the namespace cluster's xK's) GPU device minors start at (K - 1) * GPUs per node (docker-slurm/)
         StateFile(vgpu_dir / f"{node}.state").write(make_node_state(
-            node, cluster.gpus_per_node, minor_base=(int(node.removeprefix("n")) - 1) * cluster.gpus_per_node))
+            node, cluster.gpus_per_node, minor_base=(int(node.lstrip("nx")) - 1) * cluster.gpus_per_node))
     key_file = key_dir / "agent.key"
     key_file.write_bytes(os.urandom(32).hex().encode())
     key_file.chmod(0o600)

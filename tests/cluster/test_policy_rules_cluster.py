@@ -119,10 +119,10 @@ def test_the_round_plan_admits_an_arrival_by_one_node_from_each_of_two_of_three_
         stack: Agents, tmp_path: Path) -> None:
     """allocator = true, three elastic jobs with two GPUs per node share all four nodes (A on n1-n3, B on n2-n4,
     C on n1 and n4; min 1 each): no node has two GPUs free. A rigid `high` job needs two GPUs on each of two
-    nodes. The round plan (policy/plan.py) sizes all three together: A and B give one node each (their third
-    node is worth least), C keeps both of its nodes (its second is worth more); each shrink decision says the
-    plan's size. The rule walk would strip one job of two nodes instead. Slurm starts the high job on the two
-    half-freed nodes."""
+    nodes. The round plan (policy/plan.py) sizes all three together: two of them give one node each (with equal
+    utilization A and B, whose third node is worth least), the third keeps all of its nodes; each shrink decision
+    says the plan's size. The rule walk would strip one job of two nodes instead. Slurm starts the high job on
+    the two half-freed nodes."""
     cluster = stack.cluster
     marker = marker_file(cluster)
     jobs: list[int] = []
@@ -149,17 +149,26 @@ def test_the_round_plan_admits_an_arrival_by_one_node_from_each_of_two_of_three_
         wait_until("the high job to start", lambda: cluster.job_state(high) == "RUNNING", 150, ctl)
         shrinks = {j: ctl.applied(j, ActionKind.SHRINK) for j in jobs}
         decisions = {j: ctl.decisions(j) for j in jobs}
-    a, b, c = jobs
-    for j in (a, b):
-        assert [(x.params["from"], x.params["to"], x.params["admits"]) for x in shrinks[j]] == [(3, 2, [high])]
-        assert node_count(cluster, j) == 2 and cluster.job_state(j) == "RUNNING"
+    a, b, _ = jobs
+    # Which two give depends on the values the plan sees (each job's measured utilization, which a loaded machine
+    # moves: in a CI run C's second node was worth less than A's third); what the plan guarantees is the shape:
+    # one node from each of two jobs, the third kept whole, every shrink at the plan's size.
+    gave = [j for j in jobs if shrinks[j]]
+    kept = [j for j in jobs if not shrinks[j]]
+    assert len(gave) == 2 and len(kept) == 1, shrinks
+    for j in gave:
+        ((frm, to, admits),) = [(x.params["from"], x.params["to"], x.params["admits"]) for x in shrinks[j]]
+        assert to == frm - 1 and admits == [high] and node_count(cluster, j) == to, (j, frm, to, admits)
+        assert cluster.job_state(j) == "RUNNING"
         (admit,) = [d for d in decisions[j] if d.reason == "SHRINK_TO_ADMIT" and d.action == "shrink"]
-        assert int(admit.inputs["plan_nodes"]) == 2
+        assert int(admit.inputs["plan_nodes"]) == to
         rho, after = float(admit.inputs["rho"]), float(admit.inputs["rho_after_shrink"])
         assert 0.9 < rho < 1.1 and after <= 2.0, (rho, after)  # after: by the utilization model (lower below 50%)
-    assert shrinks[c] == [] and node_count(cluster, c) == 2 and cluster.job_state(c) == "RUNNING"
-    assert any(int(d.inputs.get("plan_nodes") or 0) == 2 for d in decisions[c])  # planned at what it holds
-    print(f"\nround plan: one node each from {a} and {b}, none from {c}, for {high}")
+    (k,) = kept
+    held = 3 if k in (a, b) else 2
+    assert node_count(cluster, k) == held and cluster.job_state(k) == "RUNNING"
+    assert any(int(d.inputs.get("plan_nodes") or 0) == held for d in decisions[k])  # planned at what it holds
+    print(f"\nround plan: one node each from {gave[0]} and {gave[1]}, none from {k}, for {high}")
 
 
 def _next_window(zone: ZoneInfo, lead_s: float = 25.0) -> tuple[datetime, str]:
