@@ -732,18 +732,23 @@ function M.extract(admin_comment)
   return nil
 end
 
-function M.embed(admin_comment, body)
-  local segment = "[" .. body .. "]"
+-- admin_comment with the first segment matching pattern replaced by segment and any later ones removed, or with
+-- segment appended when none matches.
+local function put_segment(admin_comment, pattern, segment)
   if admin_comment == nil or admin_comment == "" then return segment end
-  if not find(admin_comment, SEGMENT) then return admin_comment .. " " .. segment end
+  if not find(admin_comment, pattern) then return admin_comment .. " " .. segment end
   local first = true
-  return (string.gsub(admin_comment, SEGMENT, function()
+  return (string.gsub(admin_comment, pattern, function()
     if first then
       first = false
       return segment
     end
     return ""
   end))
+end
+
+function M.embed(admin_comment, body)
+  return put_segment(admin_comment, SEGMENT, "[" .. body .. "]")
 end
 
 -- The partitions an elastic job was submitted to, when several (slurm_elastic/directives/admin_comment.py reads
@@ -754,17 +759,7 @@ function M.embed_partitions(admin_comment, partitions)
   if type(partitions) ~= "string" or not find(partitions, ",", 1, true) or find(partitions, "[%[%]%s]") then
     return admin_comment
   end
-  local segment = "[elastic-partitions:" .. partitions .. "]"
-  if admin_comment == nil or admin_comment == "" then return segment end
-  if not find(admin_comment, PARTITIONS_SEGMENT) then return admin_comment .. " " .. segment end
-  local first = true
-  return (string.gsub(admin_comment, PARTITIONS_SEGMENT, function()
-    if first then
-      first = false
-      return segment
-    end
-    return ""
-  end))
+  return put_segment(admin_comment, PARTITIONS_SEGMENT, "[elastic-partitions:" .. partitions .. "]")
 end
 
 function M.describe(e)
