@@ -7,7 +7,8 @@ named write steps). :meth:`Controller._cycle` is the list of steps:
    actuator's journaled cancels): failed resumes (power.py), failed or joined prewarms (coldstart.py), losses to
    Slurm (losses.py);
 4. finish shrinks whose grace is over;
-5. build the policy input (samples collected and stored, history, back-offs, power, shares) and ``decide``;
+5. build the policy input (samples collected and stored, history, back-offs, power, shares, the waiting jobs'
+   moldable floors for the round plan) and ``decide``;
 6. record the decisions (every grow and shrink; a hold when it changed, else every hold_heartbeat_s);
 7. moldable starts (molds.py: decide_molds, recorded, then the actuator);
 8. act on the grows and shrinks (journaled; never in dry-run, never without the lease, never twice for a unit
@@ -307,7 +308,8 @@ class Controller:
                          for unit_id, a in facts.open_actions.items()],
             extension_ends=extension_ends(self.store, now), account_shares=self.accounting.shares(),
             gpu_limits=self.accounting.gpu_limits(), extension_qos=self.cfg.extension_qos or None,
-            serving=serving, power=self.power.state(now, policy.power_resume_backoff_s, facts.resume_timeout))
+            serving=serving, power=self.power.state(now, policy.power_resume_backoff_s, facts.resume_timeout),
+            pending_min_nodes=self.molds.floors(snap, policy, self._read_script))  # the plan's shares
 
     def _record_decisions(self, decisions: Sequence[Decision], ctx: CycleContext) -> list[int | None]:
         """Every grow and shrink; a hold when it changed, else every hold_heartbeat_s (hold_filter.py). Returns

@@ -23,7 +23,7 @@ from slurm_elastic.controller.rulings import CycleContext
 from slurm_elastic.controller.units import SpecCache, UnitsResult, spec_for
 from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.policy import Decision, ElasticUnit, PolicyConfig
-from slurm_elastic.policy.moldable import Mold, decide_molds, mold_scope
+from slurm_elastic.policy.moldable import Mold, decide_molds, mold_scope, start_floors
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store.errors import StoreError
@@ -71,6 +71,22 @@ class Molds:
         if first_seen and add_min > 0:  # counted once, by run(), after this cycle has recorded the job
             self._uncounted[unit_id] = add_min
         return int(action.params["from"])
+
+    # --- the round plan's waiting jobs --------------------------------------------------------------------------
+    def floors(self, snap: ClusterSnapshot, policy: PolicyConfig,
+               read_script: Callable[[int], str | None]) -> dict[int, int]:
+        """``PolicyInput.pending_min_nodes``: each waiting job that moldable start may reshape, at its
+        ``#ELASTIC`` min (policy/moldable.py: start_floors, the simulator's function too). Not the controller's
+        extension jobs, nor a job without directives or with ``--no-grow`` (it would not be molded: it enters
+        the plan at its request). The directives are read through the units' cache, as :meth:`run` reads them."""
+
+        def floor_of(job: Job) -> tuple[int, int] | None:
+            if parse_tag(job.comment) is not None:
+                return None
+            spec, _, _ = spec_for(job, read_script, self.specs)
+            return None if spec is None or not spec.grow else (spec.min_nodes, job.node_count)
+
+        return start_floors(snap, policy, floor_of)
 
     # --- the cycle's molds -------------------------------------------------------------------------------------
     def run(self, snap: ClusterSnapshot, policy: PolicyConfig, decisions: Iterable[Decision], *,

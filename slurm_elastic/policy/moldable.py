@@ -162,6 +162,22 @@ def mold_scope(snapshot: ClusterSnapshot, cfg: PolicyConfig) -> list[Job]:
             and resolver.scope(job.partition, job.account, job.qos)["moldable_start"].value]
 
 
+def start_floors(snapshot: ClusterSnapshot, cfg: PolicyConfig,
+                 floor_of: Callable[[Job], tuple[int, int] | None]) -> dict[int, int]:
+    """``PolicyInput.pending_min_nodes``: the fewest whole nodes each waiting job of :func:`mold_scope` may
+    start on, so that the round plan (policy/plan.py) lets it in at a share. ``floor_of(job)`` is the job's
+    ``(min_nodes, cap_nodes)`` (None: not molded, it enters at its request): the controller's from its
+    ``#ELASTIC`` directives and its request, the simulator's from the trace job's min and the whole nodes in its
+    GPU count. The floor is its min, at least 1, at most its cap; a job with no whole node to its cap is left out.
+    The one function both the controller and the simulator call (tests/unit/test_policy_input_paths_facts.py)."""
+    floors: dict[int, int] = {}
+    for job in mold_scope(snapshot, cfg):
+        got = floor_of(job)
+        if got is not None and got[1] >= 1:
+            floors[job.job_id] = min(max(1, got[0]), got[1])
+    return floors
+
+
 def decide_molds(snapshot: ClusterSnapshot, pending: Sequence[tuple[Job, ElasticSpec]], cfg: PolicyConfig, *,
                  taken_nodes: Collection[str] = (), skip: Collection[int] = ()) -> list[Mold]:
     """The controller's molds: ``pending`` are waiting jobs with their elastic spec (those of

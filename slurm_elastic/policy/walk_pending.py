@@ -139,6 +139,8 @@ class PendingSteps(WalkState):
         for w, k in tentative:
             if cfg.allocator and w.fairness is not None:
                 w.inputs["rho_after_shrink"] = round(w.fairness.rho_at(w.current - w.taken - k), 3)
+                if job.job_id in self.shares:  # the round plan's share of the job it admits (explain)
+                    w.inputs["admit_share"] = self.shares[job.job_id]
             elif cfg.victim_by_goodput:
                 v = w.node_value
                 w.inputs["victim_loss_s"] = None if v is None or v.loss_s is None else round(v.loss_s, 1)

@@ -89,6 +89,7 @@ from slurm_elastic.policy import (
 from slurm_elastic.policy.holds import LOOKBACK_S
 from slurm_elastic.policy.inputs import PolicyInputBuilder, Sample, UnitMeasure
 from slurm_elastic.policy.model import ActionInProgress, ExtensionEnd
+from slurm_elastic.policy.moldable import start_floors
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import JobView, ResizeRequest, SimClusterState
 from slurm_elastic.sim.errors import SimulationError
@@ -168,9 +169,9 @@ class ProductionPolicy:
         self._trace_ids: dict[int, str] = {}
         self._units: dict[str, _Unit] = {}
         self._inflight: dict[str, _Inflight] = {}
-        self._last_any: dict[int, ResizeRecord] = {}
+        self._last_any: dict[int, tuple[ResizeRecord, ...]] = {}  # a unit's last resize: a record per admit
         self._last_grow: dict[int, ResizeRecord] = {}
-        self._admits: dict[int, ResizeRecord] = {}
+        self._admits: dict[int, dict[int, ResizeRecord]] = {}  # waiting job -> victim -> its admit record
         self._next_ext = EXTENSION_ID_BASE
         self._nodes: dict[tuple[int, int, int, str], Node] = {}
         # The controller's own facts, from the same code: resume times measured from the nodes' power states
@@ -195,11 +196,7 @@ class ProductionPolicy:
         builder = PolicyInputBuilder(self.cfg, t, self.sim.interval)
         units, samples, measures, jobs = self._units_input(running, builder)
         head = True
-        molds: dict[int, int] = {}  # moldable start: the fewest whole nodes each waiting job may start on
         for view in pending:
-            whole = view.requested_gpus // snapshot.gpus_per_node
-            if self.moldable_start and whole >= 1:
-                molds[self._ids[view.job_id]] = min(max(1, view.min_nodes), whole)
             jobs.append(build_job(view, self._ids[view.job_id], age_priority(now - view.submit_time),
                                   snapshot.gpus_per_node, reason="Resources" if head else "Priority",
                                   time_limit=self.settings.time_limits))
@@ -208,12 +205,22 @@ class ProductionPolicy:
             taken_at=t, jobs=tuple(jobs), nodes=self._slurm_nodes(snapshot),
             partitions=(Partition(PARTITION, tuple(node_name(n.index) for n in snapshot.nodes), is_default=True),),
         )
-        history = tuple({id(r): r for r in (*self._last_any.values(), *self._last_grow.values(),
-                                            *self._admits.values())}.values())
+        history = tuple({id(r): r for r in (*(r for rs in self._last_any.values() for r in rs),
+                                            *self._last_grow.values(),
+                                            *(r for rs in self._admits.values() for r in rs.values()))}.values())
         in_progress = [ActionInProgress(f.record.unit_id, str(f.record.action), f.record.at)
                        for f in self._inflight.values()]
         self._power.observe(slurm, t)  # resumes never fail here: no RESUME_FAILED (docs/simulator.md)
         self._ends = [e for e in self._ends if e.ended_at > t - timedelta(seconds=LOOKBACK_S)]
+        # moldable start: the fewest whole nodes each waiting job may start on (the controller's function)
+        views = {self._ids[view.job_id]: view for view in pending}
+        g = snapshot.gpus_per_node
+
+        def floor_of(job: Job) -> tuple[int, int] | None:  # a trace job's min, the whole nodes in its GPUs
+            view = views.get(job.job_id)  # (not an extension job)
+            return None if view is None else (view.min_nodes, view.requested_gpus // g)
+
+        molds = start_floors(slurm, self.cfg, floor_of)
         inp = builder.build(slurm, units, samples=samples, measures=measures, history=history,
                             in_progress=in_progress, extension_ends=self._ends,
                             power=power_state(self._power, None, {}), pending_min_nodes=molds)
@@ -339,11 +346,14 @@ class ProductionPolicy:
         del self._inflight[view.job_id]
 
     def _journal(self, record: ResizeRecord, admits: tuple[AdmitBasis, ...] = ()) -> None:
-        self._last_any[record.unit_id] = record
+        # as the controller's journal reads (controller/history.py): one record per job a shrink admits
+        records = tuple(replace(record, for_job=b.job_id, admit_basis=b) for b in admits) or (record,)
+        self._last_any[record.unit_id] = records
         if record.action is Action.GROW:
             self._last_grow[record.unit_id] = record
-        for basis in admits:
-            self._admits[basis.job_id] = replace(record, for_job=basis.job_id, admit_basis=basis)
+        for r in records[:len(admits)]:
+            assert r.for_job is not None
+            self._admits.setdefault(r.for_job, {})[record.unit_id] = r
 
     # ------------------------------------------------------------------ policy input
 

@@ -20,7 +20,7 @@ import slurm_elastic.controller.cycle as cycle
 import slurm_elastic.sim.policy_adapter as adapter
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.cycle import Controller
-from slurm_elastic.policy import parse_config
+from slurm_elastic.policy import PolicyConfig, parse_config
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import JobView, NodeView, SimClusterState
 from slurm_elastic.sim.policy_adapter import AdapterSettings, ProductionPolicy, at
@@ -88,11 +88,16 @@ class RefusingSlurm(ReplaySlurm):
 
 
 def _replay(rec: Recording, monkeypatch: pytest.MonkeyPatch) -> tuple[Recorder, list[tuple[str, Any]]]:
+    return _replay_with(rec, monkeypatch, POLICY)
+
+
+def _replay_with(rec: Recording, monkeypatch: pytest.MonkeyPatch, policy: PolicyConfig
+                 ) -> tuple[Recorder, list[tuple[str, Any]]]:
     ctl_rec = Recorder()
     monkeypatch.setattr(cycle, "decide", ctl_rec)
     clock = FakeClock(at(rec.times[0]))
     slurm = RefusingSlurm(rec, clock)
-    ctl = Controller(ControllerConfig(interval_s=INTERVAL, holder="test"), POLICY, slurm=slurm,
+    ctl = Controller(ControllerConfig(interval_s=INTERVAL, holder="test"), policy, slurm=slurm,
                      store=memory_store(clock), collector=ReplayAgents(rec, clock), clock=clock)
     for i, _ in enumerate(rec.times):
         summary = ctl.run_cycle()
@@ -121,3 +126,59 @@ def test_a_failed_grow_and_a_cold_node_give_the_same_input_and_decisions_in_the_
     assert [c for c in calls if c[0] == "submit_as"] == [("submit_as", "sim")] * 2  # refused twice
     assert [e.failure for e in rec.sim.inputs[3].extension_ends] == ["GROW_REFUSED"]
     assert rec.sim.inputs[-1].power.resume_s == ctl.inputs[-1].power.resume_s == {"n3": INTERVAL}
+
+
+# --- a waiting moldable job in the round plan ---------------------------------------------------------------------
+
+PLAN_POLICY = parse_config(policy_text(UNIT, window_s=60, scale_down_below=10, scale_up_above=95, cooldown_s=30,
+                                       grace_s=90, max_metric_age_s=120, shrink_to_admit=True, allocator=True,
+                                       moldable_start=True, fairness_max_rho=2.0))
+PLAN_CYCLES = 4
+
+
+UNITS = {"a": (0, 1), "b": (2, 3), "d": (4, 5)}
+BUSY = 0.9  # in band (scale_up_above 95): each unit's second node is worth nearly a node's work
+
+
+def _full_cluster(now: float) -> SimClusterState:
+    """a, b and d hold two nodes each (no node free); c waits for three (its min is one: SCRIPT's directives)."""
+    waiting = JobView(job_id="c", state="PENDING", submit_time=0.0, start_time=None, requested_gpus=3 * GPUS,
+                      num_nodes=0, num_gpus=0, nodes=(), gpus_per_node=(), min_nodes=1, max_nodes=3, gpu_util=0.0,
+                      throughput=0.0, progress=0.0, resizes=0, last_resize_time=None, restarting_until=None,
+                      account="nlp")
+    jobs = (*(_view(name, nodes, BUSY) for name, nodes in UNITS.items()), waiting)
+    holders = {i: (name,) for name, nodes in UNITS.items() for i in nodes}
+    nodes = tuple(NodeView(i, GPUS, 0, holders[i]) for i in range(6))
+    return SimClusterState(now=now, gpus_per_node=GPUS, total_gpus=6 * GPUS, free_gpus=0, nodes=nodes, jobs=jobs)
+
+
+def _record_plan(monkeypatch: pytest.MonkeyPatch) -> Recording:
+    rec = Recorder()
+    monkeypatch.setattr(adapter, "decide", rec)
+    policy = ProductionPolicy(PLAN_POLICY, SimConfig(num_nodes=6, gpus_per_node=GPUS, interval=INTERVAL,
+                                                     start_delay=0.0), AdapterSettings())
+    times = tuple(INTERVAL * (i + 1) for i in range(PLAN_CYCLES))
+    for now in times:
+        policy(_full_cluster(now), now)
+    ids = [policy._ids[trace] for trace in UNITS]
+    util = tuple({i: 100.0 * BUSY for i in ids} for _ in times)
+    in_use = tuple({i: round(2 * GPUS * BUSY) for i in ids} for _ in times)
+    return Recording(times, tuple(i.snapshot for i in rec.inputs), util, in_use, rec)
+
+
+def test_a_waiting_moldable_job_enters_the_round_plan_at_its_min_in_the_controller_and_the_simulator(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """allocator + moldable start: both paths give the waiting job c the same floor (its #ELASTIC min, through
+    policy/moldable.py's start_floors), so the plan admits it at a share in both; the inputs and decisions are
+    equal cycle by cycle. Three busy units of two nodes: c's share is two of its three nodes, one from each of two
+    units (small shrinks of several), the third unit keeps both of its nodes."""
+    rec = _record_plan(monkeypatch)
+    ctl, _ = _replay_with(rec, monkeypatch, PLAN_POLICY)
+    c = next(j.job_id for j in rec.snapshots[0].jobs if j.is_pending)
+    assert all(inp.pending_min_nodes == {c: 1} for inp in rec.sim.inputs)
+    for i, (mine, sims) in enumerate(zip(ctl.inputs, rec.sim.inputs, strict=True)):
+        assert mine == sims, f"cycle {i}: the controller's and the simulator's policy inputs differ"
+        assert ctl.decisions[i] == rec.sim.decisions[i], f"cycle {i}: the decisions differ"
+    admits = [d for ds in rec.sim.decisions for d in ds if d.shrink is not None and c in d.shrink.admits]
+    assert [(d.current_nodes, d.target_nodes) for d in admits] == [(2, 1), (2, 1)], admits
+    assert all(d.inputs["plan_nodes"] == 1 and d.inputs["admit_share"] == 2 for d in admits)
