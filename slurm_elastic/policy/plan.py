@@ -32,11 +32,23 @@ Ibaraki & Katoh, "Resource Allocation Problems", 1988, ch. 4). ``x ** p / p`` wi
 SpeedModel; the linear-sync model is concave below its optimum, and the grows above it are not offered by the
 evaluation), so the composition is concave. Cost: O((entities + B) log entities) per partition.
 
+**Restart cost.** A resize restarts the job (checkpoint, requeue of the step, warm-up): a unit sized away from
+what it holds loses ``restart_s`` (measured by the controller's resize phases and cold starts, else
+``restart_cost_s``; the simulator's ``resize_cost``). :func:`restart_penalty` turns that into the plan's value
+units (its value at ``held`` less its value with ``restart_s`` of its remaining time lost), and each unit's value
+is ``V(n) - c * |n - held|``: every node it keeps below ``held`` gains ``c`` more, every node above ``held`` (a
+grow) ``c`` less, and a node whose gain falls below zero is left free. That is the hysteresis: a plan that
+would move a unit by one node does so only when someone else gains more than the unit's restart. Charging
+``c`` per node away from ``held`` keeps the solver exact: ``-c * |n - held|`` is concave, so each entity's value
+stays concave and the exchange argument above holds unchanged. The true cost is ``c`` once per resized unit (a
+fixed cost: not concave, and with it the problem is a knapsack); per node it is exact for one-node changes,
+which is where hysteresis matters, and an upper bound for larger ones (the plan then leans to taking one node
+from each of several units rather than several from one, the fair side).
+
 What the plan changes in the walk: a moldable waiting job asks only for its **share** (what the plan gave it),
 so an arrival takes a little from many units instead of its whole request from a few; victims give back only
 down to their planned size (their floor for shrink-to-admit), and the walk still picks which nodes fit
-(partition, GRES). A restart costs: a victim whose plan differs from what it holds by less than one node is
-left alone (whole nodes), and the walk's own restart-cost rule guards grows. Pure and deterministic.
+(partition, GRES). The walk's own restart-cost rule guards grows as before. Pure and deterministic.
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ import heapq
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from slurm_elastic.policy.fairness import fairness_value
+from slurm_elastic.policy.fairness import Fairness, fairness_value
 
 
 @dataclass
@@ -59,6 +71,7 @@ class Entity:
     speed: Callable[[int], float]
     size: int = 0
     held: int = 0  # nodes it holds now (a unit; 0 for a waiting job)
+    restart: float = 0.0  # the value a resize costs it, per node away from ``held`` (restart_penalty)
 
 
 @dataclass
@@ -83,7 +96,8 @@ class Plan:
 
 def _gain(e: Entity, power: float) -> float:
     now, nxt = e.speed(e.size), e.speed(e.size + 1)
-    return fairness_value(nxt, power) - fairness_value(now, power) if now > 0 else float("inf")
+    gain = fairness_value(nxt, power) - fairness_value(now, power) if now > 0 else float("inf")
+    return gain + (e.restart if e.size < e.held else -e.restart)  # toward what it holds: one restart less
 
 
 def _tie(e: Entity) -> tuple[int, int]:
@@ -97,7 +111,7 @@ def water_fill(entities: Sequence[Entity], budget: int, power: float) -> int:
     ``size`` up to ``hi``); returns what was left. Exact for concave per-entity values (module docstring).
     When the budget covers every entity's room, each simply gets its ``hi`` (no heap)."""
     room = sum(e.hi - e.size for e in entities if e.hi > e.size)
-    if room <= budget:
+    if room <= budget and not any(e.restart > 0 and e.hi > e.held for e in entities):  # every gain > 0
         for e in entities:
             e.size = max(e.size, e.hi)
         return budget - room
@@ -107,7 +121,9 @@ def water_fill(entities: Sequence[Entity], budget: int, power: float) -> int:
             heap.append((-_gain(e, power), _tie(e), i))
     heapq.heapify(heap)
     while budget > 0 and heap:
-        _, _, i = heapq.heappop(heap)
+        gain, _, i = heapq.heappop(heap)
+        if -gain < 0:
+            break  # a grow worth less than its restart: the node is better left free (all others gain less)
         e = entities[i]
         e.size += 1
         budget -= 1
@@ -142,6 +158,18 @@ def plan_partition(units: Sequence[Entity], waiting: Iterable[Waiting], free: in
     return plan
 
 
+def restart_penalty(f: Fairness, held: int, power: float) -> float:
+    """What one resize costs a unit, in the plan's value units: its value at ``held`` nodes less its value when
+    the restart's ``restart_s`` (measured, else ``restart_cost_s``) is lost from the ``remaining_s`` it has left
+    (its normalized speed times L / (L + restart_s) over that horizon). The plan charges it per node away from
+    ``held`` (``Entity.restart``), which keeps the solver exact (module docstring: "Restart cost")."""
+    x = f.normalized_speed(held)
+    left = max(f.remaining_s, 1.0)
+    if x <= 0 or f.restart_s <= 0:
+        return 0.0
+    return fairness_value(x, power) - fairness_value(x * left / (left + f.restart_s), power)
+
+
 def _linear(request: int) -> Callable[[int], float]:
     """A waiting job's normalized speed: nothing is measured before it runs, so linear in its nodes."""
     return lambda n: n / request
@@ -152,4 +180,4 @@ def shares(plan: Plan) -> dict[int, int]:
     return {j: n for j, n in plan.jobs.items() if n < plan.requests.get(j, n)}
 
 
-__all__ = ["Entity", "Plan", "Waiting", "plan_partition", "shares", "water_fill"]
+__all__ = ["Entity", "Plan", "Waiting", "plan_partition", "restart_penalty", "shares", "water_fill"]

@@ -15,7 +15,7 @@ from slurm_elastic.policy.capacity import (
     need_of,
 )
 from slurm_elastic.policy.model import AdmitBasis, admit_request
-from slurm_elastic.policy.plan import Entity, Waiting, plan_partition, shares
+from slurm_elastic.policy.plan import Entity, Waiting, plan_partition, restart_penalty, shares
 from slurm_elastic.policy.reasons import Action
 from slurm_elastic.policy.walk_keys import added_time_s, marginal_loss
 from slurm_elastic.policy.walk_state import WalkState
@@ -231,7 +231,8 @@ class PendingSteps(WalkState):
                     continue
                 if lo >= hi:
                     continue  # nothing to give and nothing to take: the plan can only leave it as it is
-                units.append(Entity((0, w.unit_id), lo, hi, w.fairness.normalized_speed, held=held))
+                units.append(Entity((0, w.unit_id), lo, hi, w.fairness.normalized_speed, held=held,
+                                    restart=restart_penalty(w.fairness, held, power)))
                 planned.append(w)
             free = self.pool.free_count(part) + len(self.freeing.get(part, ())) - self.reserves.get(part, 0)
             plan = plan_partition(units, (_waiting(j, mins) for j in jobs), max(0, free), power)

@@ -108,3 +108,48 @@ def test_a_node_two_victims_would_free_counts_once_for_the_arrival() -> None:
     got = _sharing(1000)
     assert [got[u].target_nodes for u in (100, 101, 102)] == [3, 3, 2]
     assert all(got[u].shrink is None for u in (100, 101, 102))
+
+
+def test_water_filling_with_restart_costs_matches_brute_force() -> None:
+    """Each entity also pays ``restart`` per node away from what it holds (policy/plan.py, "Restart cost"):
+    still separable concave, so greedy by marginal gain (stopping at a negative one) reaches the brute-force
+    optimum of sum(x**p/p - restart * |n - held|), nodes left free included."""
+    rng = random.Random(11)
+    for _ in range(60):
+        speeds: list[list[float]] = []
+        bounds: list[tuple[int, int, int, float]] = []  # lo, hi, held, restart
+        for _ in range(rng.randint(2, 4)):
+            steps = sorted((rng.uniform(0.05, 1.0) for _ in range(6)), reverse=True)
+            speeds.append([0.0, *itertools.accumulate(steps)])
+            lo = rng.randint(1, 2)
+            hi = rng.randint(lo, 6)
+            bounds.append((lo, hi, rng.randint(lo, hi), rng.choice((0.0, rng.uniform(0.0, 0.3)))))
+        budget = rng.randint(0, 8)
+        entities = [Entity((0, i), lo, hi, (lambda n, s=s: s[n]), size=lo, held=held, restart=c)
+                    for i, ((lo, hi, held, c), s) in enumerate(zip(bounds, speeds, strict=True))]
+
+        def objective(sizes: tuple[int, ...], speeds: list[list[float]] = speeds,
+                      bounds: list[tuple[int, int, int, float]] = bounds) -> float:
+            return _objective(sizes, speeds) - sum(c * abs(n - held) for n, (_, _, held, c) in
+                                                   zip(sizes, bounds, strict=True))
+
+        water_fill(entities, budget, POWER)
+        got = tuple(e.size for e in entities)
+        assert sum(got) - sum(b[0] for b in bounds) <= budget
+        best = max((c for c in itertools.product(*(range(lo, hi + 1) for lo, hi, _, _ in bounds))
+                    if sum(c) - sum(b[0] for b in bounds) <= budget), key=objective)
+        assert objective(got) >= objective(best) - 1e-9, (got, best, bounds)
+
+
+def test_a_plan_that_would_move_one_node_between_two_units_leaves_both_when_the_gain_is_below_the_restarts() -> None:
+    """Hysteresis: V holds three nodes and may give one, G holds two and asks for a third; G's third node is
+    worth a little more than V's. Without restart costs the plan moves the node (two restarts for a small gain);
+    with them each unit pays its restart per node moved, and both stay as they are."""
+    def entities(restart: float) -> list[Entity]:
+        return [Entity((0, 1), 2, 3, (lambda n: n / 3), held=3, restart=restart),
+                Entity((0, 2), 2, 3, (lambda n: n / 4), held=2, restart=restart)]
+
+    moved = plan_partition(entities(0.0), [], 0, POWER)
+    assert moved.units == {1: 2, 2: 3}
+    kept = plan_partition(entities(0.05), [], 0, POWER)
+    assert kept.units == {1: 3, 2: 2}
