@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from slurm_elastic.cli.api_backend import backend_options, call
+from slurm_elastic.cli.explain_plan import plan_rows
 from slurm_elastic.cli.output import age, emit, output_options, spec_text, value_text
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
@@ -132,6 +133,7 @@ def explain_cmd(*, url: str | None, socket_: str | None, job_id: int, last: int,
     if b := r.get("grow_backoff"):  # failed grows: no grow before this (policy/holds.py, GROW_BACKOFF)
         head.append(("grow_backoff", f"until {_time(b['until'])} ({b['failed_grows']} failed grow(s) in the last "
                                      f"hour, last {_time(b['last_at'])}: {b['last']})"))
+    head += plan_rows(r["decisions"])  # allocator: the planned size, rho and what it rests on, a waiting share
     if r["paused_by"]:
         p = r["paused_by"]
         head.append(("paused", f"{p['scope']} {p['target']} by {p['who']} {p['reason']}".strip()))

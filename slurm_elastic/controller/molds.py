@@ -42,6 +42,7 @@ class Molds:
         self.specs = specs
         self._requests: dict[int, int | None] = {}  # unit id -> what it asked for when molded (None: not molded)
         self._uncounted: dict[int, int] = {}  # molded unit seen running for the first time -> minutes to count
+        self._shares: dict[int, int] = {}  # waiting job -> the round plan's share, from its victims' shrinks
 
     # --- the molded unit ---------------------------------------------------------------------------------------
     def apply(self, built: UnitsResult, known: Sequence[ElasticJobRecord]) -> UnitsResult:
@@ -103,6 +104,8 @@ class Molds:
                 if action.kind == ActionKind.MOLD:  # a mold finishes within its cycle: an open one is a crash's
                     acted[action.job_id] = self.actuator.resolve_mold(action, snap)
         waiting = [j for j in mold_scope(snap, policy) if parse_tag(j.comment) is None]  # no extension jobs
+        decided = list(decisions)
+        self._note_shares(decided, {j.job_id for j in waiting})
         if not waiting:
             return acted
         pending: list[tuple[Job, ElasticSpec]] = []
@@ -110,7 +113,6 @@ class Molds:
             spec, _, _ = spec_for(job, read_script, self.specs)
             if spec is not None:
                 pending.append((job, spec))
-        decided = list(decisions)
         taken = {n for d in decided if d.grow is not None for n in d.grow.nodes}
         taken |= _pending_extension_nodes(self.store, snap)
         skip = {j for d in decided if d.shrink is not None for j in d.shrink.admits}
@@ -119,7 +121,7 @@ class Molds:
         molds = decide_molds(snap, pending, policy, taken_nodes=taken, skip=skip)
         if not molds:
             return acted
-        ids = record([_new_decision(m, policy, dry_run) for m in molds])
+        ids = record([_new_decision(m, policy, dry_run, self._shares.get(m.candidate.job_id)) for m in molds])
         for m, decision_id in zip(molds, ids, strict=True):
             c = m.candidate
             log.info("job %s: mold %d->%d (%s: %s)", c.display_id, c.request_nodes, m.nodes, m.reason, m.message)
@@ -133,6 +135,18 @@ class Molds:
         return acted
 
 
+    def _note_shares(self, decided: Sequence[Decision], waiting: set[int]) -> None:
+        """Remember each waiting job's share in the round plan (``admit_share`` of the shrinks that admit it), for
+        its mold decision (``explain``); forget the jobs no longer waiting."""
+        for d in decided:
+            share = d.inputs.get("admit_share")
+            if d.shrink is not None and isinstance(share, int):
+                for job_id in d.shrink.admits:
+                    self._shares[job_id] = share
+        for gone in [j for j in self._shares if j not in waiting]:
+            del self._shares[gone]
+
+
 def _pending_extension_nodes(store: ActuatorStore, snap: ClusterSnapshot) -> set[str]:
     """Nodes that waiting extension jobs name (``--nodelist``, as the store recorded it): free now, but
     promised to a grow."""
@@ -144,8 +158,9 @@ def _pending_extension_nodes(store: ActuatorStore, snap: ClusterSnapshot) -> set
     return out
 
 
-def _new_decision(m: Mold, policy: PolicyConfig, dry_run: bool) -> NewDecision:
-    inputs: Mapping[str, object] = {**m.inputs, "basis": "queue"}
+def _new_decision(m: Mold, policy: PolicyConfig, dry_run: bool, share: int | None) -> NewDecision:
+    inputs: Mapping[str, object] = {**m.inputs, "basis": "queue",
+                                    **({"plan_share": share} if share is not None else {})}
     return NewDecision(job_id=m.candidate.job_id, action=MOLD_ACTION, reason=str(m.reason), message=m.message,
                        inputs=dict(inputs), current_nodes=m.candidate.request_nodes, target_nodes=m.nodes,
                        signal=None, profile=policy.active_profile, paused=False, dry_run=dry_run)

@@ -25,6 +25,7 @@ from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import JobView, NodeView, SimClusterState
 from slurm_elastic.sim.policy_adapter import AdapterSettings, ProductionPolicy, at
 from slurm_elastic.slurm.runner import CommandResult, classify
+from slurm_elastic.store import SqlStore
 from tests.policy_text import UNIT, policy_text
 from tests.unit.slurm_replay import SCENARIO_DIR, read_recording
 from tests.unit.storehelpers import FakeClock, memory_store
@@ -91,14 +92,15 @@ def _replay(rec: Recording, monkeypatch: pytest.MonkeyPatch) -> tuple[Recorder, 
     return _replay_with(rec, monkeypatch, POLICY)
 
 
-def _replay_with(rec: Recording, monkeypatch: pytest.MonkeyPatch, policy: PolicyConfig
+def _replay_with(rec: Recording, monkeypatch: pytest.MonkeyPatch, policy: PolicyConfig,
+                 clock: FakeClock | None = None, store: SqlStore | None = None
                  ) -> tuple[Recorder, list[tuple[str, Any]]]:
     ctl_rec = Recorder()
     monkeypatch.setattr(cycle, "decide", ctl_rec)
-    clock = FakeClock(at(rec.times[0]))
+    clock = clock or FakeClock(at(rec.times[0]))
     slurm = RefusingSlurm(rec, clock)
     ctl = Controller(ControllerConfig(interval_s=INTERVAL, holder="test"), policy, slurm=slurm,
-                     store=memory_store(clock), collector=ReplayAgents(rec, clock), clock=clock)
+                     store=store or memory_store(clock), collector=ReplayAgents(rec, clock), clock=clock)
     for i, _ in enumerate(rec.times):
         summary = ctl.run_cycle()
         assert summary.error is None and summary.skipped is None, summary
@@ -130,9 +132,10 @@ def test_a_failed_grow_and_a_cold_node_give_the_same_input_and_decisions_in_the_
 
 # --- a waiting moldable job in the round plan ---------------------------------------------------------------------
 
-PLAN_POLICY = parse_config(policy_text(UNIT, window_s=60, scale_down_below=10, scale_up_above=95, cooldown_s=30,
-                                       grace_s=90, max_metric_age_s=120, shrink_to_admit=True, allocator=True,
-                                       moldable_start=True, fairness_max_rho=2.0))
+PLAN_TEXT = policy_text(UNIT, window_s=60, scale_down_below=10, scale_up_above=95, cooldown_s=30, grace_s=90,
+                        max_metric_age_s=120, shrink_to_admit=True, allocator=True, moldable_start=True,
+                        fairness_max_rho=2.0)
+PLAN_POLICY = parse_config(PLAN_TEXT)
 PLAN_CYCLES = 4
 
 
