@@ -171,6 +171,46 @@ def test_the_round_plan_admits_an_arrival_by_one_node_from_each_of_two_of_three_
     print(f"\nround plan: one node each from {gave[0]} and {gave[1]}, none from {k}, for {high}")
 
 
+def test_the_round_plan_admits_a_moldable_arrival_at_a_share_by_one_node_from_each_of_two_jobs_and_molds_it(
+        stack: Agents, tmp_path: Path) -> None:
+    """allocator and moldable start: bob's and alice's busy elastic jobs (90%: each node worth nearly a node's
+    work) hold two whole nodes each (min 1); a moldable `high` arrival asks for three (``#ELASTIC --min-nodes
+    1``). The controller gives the plan each waiting job's floor (PolicyInput.pending_min_nodes, as the simulator
+    does): the plan admits the arrival at a share of two nodes, one from each job (the rule walk would take its
+    three: both jobs to their min, the third node missing), each shrink saying the plan's size and the share. Then
+    moldable start reshapes the arrival to the two freed nodes (its mold decision says the share) and Slurm
+    starts it there. (Moldable start counts whole free nodes: with jobs sharing nodes by GPUs, as in the test
+    above, a share frees half-nodes, which it does not count yet.)"""
+    cluster = stack.cluster
+    marker = marker_file(cluster)
+    busy, common = 90, "--window 10s --cooldown 15s --grace 3s --signal USR2 --scale-down-below 10 --scale-up-above 95"
+    jobs = [cluster.submit(elastic_script(busy, f"#ELASTIC --min-nodes 1 --max-nodes 2 {common}", marker), "-N2",
+                           "--gres=gpu:4", "--time=60", user=u) for u in ("bob", "alice")]
+    for j in jobs:
+        cluster.wait_state(j, {"RUNNING"})
+    cfg = controller_config(tmp_path, stack)
+    (tmp_path / "policy.toml").write_text(policy_text(CLUSTER, shrink_to_admit=True, allocator=True,
+                                                      fairness_max_rho=2.0, moldable_start=True))
+    with running_controller(cluster, cfg) as ctl:
+        wait_until("a rho for both jobs", lambda: all(
+            any("rho" in d.inputs for d in ctl.decisions(j)) for j in jobs), 90, ctl)
+        arrival = cluster.submit(elastic_script(busy, f"#ELASTIC --min-nodes 1 --max-nodes 3 {common}", marker),
+                                 "-N3", "--gres=gpu:4", "--qos=high", "--time=30", user="alice")
+        wait_until("the arrival to start", lambda: cluster.job_state(arrival) == "RUNNING", 150, ctl)
+        shrinks = {j: ctl.applied(j, ActionKind.SHRINK) for j in jobs}
+        decisions = {j: ctl.decisions(j) for j in jobs}
+        (mold,) = ctl.applied(arrival, ActionKind.MOLD)
+        mold_decision = next(d for d in ctl.decisions(arrival) if d.action == "mold")
+    for j in jobs:
+        assert [(x.params["from"], x.params["to"], x.params["admits"]) for x in shrinks[j]] == [(2, 1, [arrival])]
+        assert node_count(cluster, j) == 1 and cluster.job_state(j) == "RUNNING"
+        (admit,) = [d for d in decisions[j] if d.reason == "SHRINK_TO_ADMIT" and d.action == "shrink"]
+        assert int(admit.inputs["plan_nodes"]) == 1 and int(admit.inputs["admit_share"]) == 2
+    assert (mold.params["from"], mold.params["to"]) == (3, 2) and node_count(cluster, arrival) == 2
+    assert int(mold_decision.inputs["plan_share"]) == 2
+    print(f"\nround plan: {arrival} molded 3->2 at its share, one node each from {jobs[0]} and {jobs[1]}")
+
+
 def _next_window(zone: ZoneInfo, lead_s: float = 25.0) -> tuple[datetime, str]:
     """A window opening at the first whole minute at least ``lead_s`` from now (site time), 10 minutes long."""
     now = datetime.now(tz=zone)
