@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.keyschema import Key, Kind
+from slurm_elastic.keyschema import AGENT_KEY_FILE, Key, Kind
 
 __all__ = ["Key", "Kind"]  # the one key declaration (keyschema.py), re-exported for the loaders
 
@@ -156,6 +156,10 @@ def _urls(value: dict[str, Any]) -> str | None:
     return f"each must be an http(s) URL (not: {', '.join(bad)})" if bad else None
 
 
+def _not_empty(value: str) -> str | None:
+    return None if value.strip() else "must not be empty"
+
+
 def _auth_kind(value: str) -> str | None:
     return None if value in ("hmac", "munge") else "must be 'hmac' or 'munge'"
 
@@ -164,8 +168,9 @@ def _auth_kind(value: str) -> str | None:
 AGENT_KEYS: dict[str, Key] = {
     "auth": Key(Kind.STR, "hmac", "how requests to the agents are authenticated: 'hmac' (key_file) or 'munge' (the "
                 "site's MUNGE key); the agents' auth must say the same", check=_auth_kind),
-    "key_file": Key(Kind.STR, "/etc/slurm-elastic/agent.key", "auth = \"hmac\": shared key of the agents (mode 0600); "
-                    "the controller refuses to start without one"),
+    "key_file": Key(Kind.PATH, AGENT_KEY_FILE, "auth = \"hmac\": shared key of the agents (mode 0600; the "
+                    "agent's key_file default too); the controller and the MIG workflow refuse to start when it is "
+                    "missing or readable beyond its owner", check=_not_empty),
     "munge_socket": Key(Kind.STR, "/run/munge/munge.socket.2", "auth = \"munge\": munged's socket on this host"),
     "munge_agent_user": Key(Kind.STR, "root", "auth = \"munge\": the user (name or uid) the agents run as; answers "
                             "whose credential carries another uid are refused"),

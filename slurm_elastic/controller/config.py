@@ -212,7 +212,7 @@ SECTIONS: dict[str, Mapping[str, Key]] = {
 
 @dataclass(frozen=True)
 class AgentsConfig:
-    key_file: Path | None = None
+    key_file: Path = Path(AGENT_KEYS["key_file"].default)
     auth: str = AGENT_KEYS["auth"].default
     munge_socket: str = AGENT_KEYS["munge_socket"].default
     munge_agent_user: str = AGENT_KEYS["munge_agent_user"].default
@@ -348,7 +348,7 @@ def parse_controller_config(text: str, source: str = "<string>",
         accounting_refresh_s=float(ctl["accounting_refresh_s"]),
         hold_heartbeat_s=float(ctl["hold_heartbeat_s"]),
         agents=AgentsConfig(
-            key_file=Path(agents["key_file"]) if agents.get("key_file") else None,
+            key_file=Path(agents.get("key_file", AgentsConfig.key_file)),
             auth=str(agents.get("auth", AgentsConfig.auth)),
             munge_socket=str(agents.get("munge_socket", AgentsConfig.munge_socket)),
             munge_agent_user=str(agents.get("munge_agent_user", AgentsConfig.munge_agent_user)),
