@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -246,3 +247,18 @@ def set_util(path: Path, util: int) -> None:
     tmp.write_text(f"{util}\n")
     tmp.chmod(0o666)
     os.replace(tmp, path)
+
+
+def user_workdir(cluster: TestCluster, templates: Sequence[str], util: int, *, user: str = "alice"
+                 ) -> tuple[Path, Path]:
+    """A new working directory of ``user`` (notices, checkpoints) under the cluster's jobs dir, which outlives test
+    runs: copies of ``templates`` (files of sbatch_templates/) and the utilization file a template job's load
+    reads, set to ``util``. Returns the directory and the file."""
+    work = cluster.jobs_dir / f"work-{uuid.uuid4().hex[:8]}"
+    work.mkdir()
+    for name in templates:
+        shutil.copy(REPO / "sbatch_templates" / name, work / name)
+    shutil.chown(work, user)
+    util_file = work / "util"
+    set_util(util_file, util)
+    return work, util_file
