@@ -21,6 +21,7 @@ import re
 import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from slurm_elastic.errors import ConfigError
@@ -184,6 +185,20 @@ AGENT_KEYS: dict[str, Key] = {
     "urls": Key(Kind.TABLE, None, "per-node agent URLs that override url_template, e.g. { n1 = \"http://...\" }",
                 check=_urls),
 }
+
+def agent_values(agents: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    """``[agents]`` (checked against :data:`AGENT_KEYS`) as the typed fields the controller's ``AgentsConfig`` and
+    the MIG workflow's ``AgentAccess`` share, so that the section means the same in both files: an unset key gets
+    the schema's default, ``timeout_s`` the caller's (the key has none: 5 s in the controller, 10 in the MIG
+    workflow). ``apply_timeout_s`` is the MIG workflow's alone."""
+    def get(key: str) -> Any:
+        return agents.get(key, AGENT_KEYS[key].default)
+
+    return {"key_file": Path(get("key_file")), "auth": str(get("auth")), "munge_socket": str(get("munge_socket")),
+            "munge_agent_user": str(get("munge_agent_user")), "munge_ttl_s": int(get("munge_ttl_s")),
+            "url_template": str(get("url_template")), "timeout_s": float(agents.get("timeout_s", timeout_s)),
+            "urls": dict(agents.get("urls") or {})}
+
 
 #: ``[store]``: the state DB (docs/store.md).
 STORE_KEYS: dict[str, Key] = {
