@@ -19,22 +19,28 @@ from typing import Any
 import pytest
 
 import slurm_elastic.controller.cycle as cycle
-import slurm_elastic.sim.policy_adapter as adapter
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.cycle import Controller
 from slurm_elastic.controller.history import HISTORY_SPAN, resize_history
 from slurm_elastic.policy import Action, Outcome, Reason, decide, parse_config
-from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import JobView, NodeView, SimClusterState
 from slurm_elastic.sim.journal import SimJournal
-from slurm_elastic.sim.policy_adapter import AdapterSettings, ProductionPolicy, at
+from slurm_elastic.sim.policy_adapter import at
 from slurm_elastic.slurm.runner import CommandResult, classify
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState
 from tests.policy_text import UNIT, policy_text
 from tests.unit.policy_builders import NOW, cfg, job, make_input, node, pending, unit, util
 from tests.unit.slurm_replay import SCENARIO_DIR, read_recording
 from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_policy_input_paths import GPUS, INTERVAL, Recorder, Recording, ReplayAgents, ReplaySlurm
+from tests.unit.test_policy_input_paths import (
+    GPUS,
+    INTERVAL,
+    Recorder,
+    Recording,
+    ReplayAgents,
+    ReplaySlurm,
+    record_run,
+)
 
 POLICY = parse_config(policy_text(UNIT, window_s=60, scale_down_below=40, scale_up_above=80, shrink_to_admit=False,
                                   cooldown_s=30, grace_s=90, max_metric_age_s=120))
@@ -64,18 +70,8 @@ def _cluster(now: float, util_a: float, util_b: float, power: str) -> SimCluster
 
 
 def _record(monkeypatch: pytest.MonkeyPatch) -> Recording:
-    rec = Recorder()
-    monkeypatch.setattr(adapter, "decide", rec)
-    policy = ProductionPolicy(POLICY, SimConfig(num_nodes=4, gpus_per_node=GPUS, interval=INTERVAL, start_delay=0.0),
-                              AdapterSettings())
-    times = tuple(INTERVAL * (i + 1) for i in range(len(UTIL_A)))
-    for now, ua, ub, power in zip(times, UTIL_A, UTIL_B, POWER, strict=True):
-        policy(_cluster(now, ua, ub, power), now)
-    ids = {trace: policy._ids[trace] for trace in ("a", "b")}
-    util = tuple({ids["a"]: 100.0 * ua, ids["b"]: 100.0 * ub} for ua, ub in zip(UTIL_A, UTIL_B, strict=True))
-    in_use = tuple({ids["a"]: round(2 * GPUS * ua), ids["b"]: round(GPUS * ub)}
-                   for ua, ub in zip(UTIL_A, UTIL_B, strict=True))
-    return Recording(times, tuple(i.snapshot for i in rec.inputs), util, in_use, rec)
+    return record_run(monkeypatch, POLICY, lambda i, now: _cluster(now, UTIL_A[i], UTIL_B[i], POWER[i]), UTIL_A,
+                      UTIL_B)
 
 
 def _recorded_refusal() -> CommandResult:
