@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, DecisionFilter, DecisionRecord
 from tests.cluster.agents_harness import REPO, Agents
-from tests.cluster.harness import RELEASE, TestCluster
+from tests.cluster.harness import RELEASE, TestCluster, stop_processes
 from tests.policy_text import CLUSTER, policy_text
 
 # Small numbers so a test sees a whole resize in seconds; the rules are the production ones (tests/policy_text.py:
@@ -169,13 +168,7 @@ def running_controller(cluster: TestCluster, config: Path, *, crash_at: str | No
     try:
         yield cp
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes([proc])
 
 
 def elastic_script(util: int, directives: str, marker: Path, *, het: bool = False) -> str:
