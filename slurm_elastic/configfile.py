@@ -21,10 +21,11 @@ import re
 import string
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.keyschema import Key, Kind
+from slurm_elastic.keyschema import AGENT_KEY_FILE, Key, Kind
 
 __all__ = ["Key", "Kind"]  # the one key declaration (keyschema.py), re-exported for the loaders
 
@@ -156,6 +157,10 @@ def _urls(value: dict[str, Any]) -> str | None:
     return f"each must be an http(s) URL (not: {', '.join(bad)})" if bad else None
 
 
+def _not_empty(value: str) -> str | None:
+    return None if value.strip() else "must not be empty"
+
+
 def _auth_kind(value: str) -> str | None:
     return None if value in ("hmac", "munge") else "must be 'hmac' or 'munge'"
 
@@ -164,8 +169,9 @@ def _auth_kind(value: str) -> str | None:
 AGENT_KEYS: dict[str, Key] = {
     "auth": Key(Kind.STR, "hmac", "how requests to the agents are authenticated: 'hmac' (key_file) or 'munge' (the "
                 "site's MUNGE key); the agents' auth must say the same", check=_auth_kind),
-    "key_file": Key(Kind.STR, "/etc/slurm-elastic/agent.key", "auth = \"hmac\": shared key of the agents (mode 0600); "
-                    "the controller refuses to start without one"),
+    "key_file": Key(Kind.PATH, AGENT_KEY_FILE, "auth = \"hmac\": shared key of the agents (mode 0600; the "
+                    "agent's key_file default too); the controller and the MIG workflow refuse to start when it is "
+                    "missing or readable beyond its owner", check=_not_empty),
     "munge_socket": Key(Kind.STR, "/run/munge/munge.socket.2", "auth = \"munge\": munged's socket on this host"),
     "munge_agent_user": Key(Kind.STR, "root", "auth = \"munge\": the user (name or uid) the agents run as; answers "
                             "whose credential carries another uid are refused"),
@@ -179,6 +185,20 @@ AGENT_KEYS: dict[str, Key] = {
     "urls": Key(Kind.TABLE, None, "per-node agent URLs that override url_template, e.g. { n1 = \"http://...\" }",
                 check=_urls),
 }
+
+def agent_values(agents: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    """``[agents]`` (checked against :data:`AGENT_KEYS`) as the typed fields the controller's ``AgentsConfig`` and
+    the MIG workflow's ``AgentAccess`` share, so that the section means the same in both files: an unset key gets
+    the schema's default, ``timeout_s`` the caller's (the key has none: 5 s in the controller, 10 in the MIG
+    workflow). ``apply_timeout_s`` is the MIG workflow's alone."""
+    def get(key: str) -> Any:
+        return agents.get(key, AGENT_KEYS[key].default)
+
+    return {"key_file": Path(get("key_file")), "auth": str(get("auth")), "munge_socket": str(get("munge_socket")),
+            "munge_agent_user": str(get("munge_agent_user")), "munge_ttl_s": int(get("munge_ttl_s")),
+            "url_template": str(get("url_template")), "timeout_s": float(agents.get("timeout_s", timeout_s)),
+            "urls": dict(agents.get("urls") or {})}
+
 
 #: ``[store]``: the state DB (docs/store.md).
 STORE_KEYS: dict[str, Key] = {

@@ -114,6 +114,10 @@ class Key:
 
 _DAY = 86400
 
+#: The agents' shared key (``auth = "hmac"``): the one default of the agent's ``key_file`` and of ``[agents]
+#: key_file`` in controller.toml and mig.toml, so every program reads the same file when none is set.
+AGENT_KEY_FILE = "/etc/slurm-elastic/agent.key"
+
 #: Upper bound of node counts (a directive's --min-nodes, a step, a quota).
 MAX_NODES = 65536
 

@@ -29,6 +29,7 @@ from slurm_elastic.agent.errors import (
     AgentRequestError,
     AgentTimeoutError,
     AgentUnreachableError,
+    KeyFileError,
     PayloadError,
 )
 from slurm_elastic.agent.munge import Munge, MungeError
@@ -158,7 +159,7 @@ class AgentClient:
         return dict(zip(names, results, strict=True))
 
 
-def client_auth(kind: str, *, key_file: Path | None, munge_socket: str, munge_agent_user: str,
+def client_auth(kind: str, *, key_file: Path, munge_socket: str, munge_agent_user: str,
                 munge_ttl_s: int, source: str) -> ClientAuth:
     """The controller's credentials for ``[agents] auth``: the key file's key, or MUNGE (checked at start-up by
     making one credential, so a munged that does not answer stops the controller here, not each cycle)."""
@@ -172,9 +173,10 @@ def client_auth(kind: str, *, key_file: Path | None, munge_socket: str, munge_ag
                                ttl_s=munge_ttl_s)
     if kind != "hmac":
         raise ConfigError(f"{source}: agents.auth must be 'hmac' or 'munge', got {kind!r}")
-    if key_file is None:
-        raise ConfigError(f"{source}: agents.key_file is required (the agents refuse unsigned requests)")
-    return HmacClientAuth(load_key(key_file))
+    try:
+        return HmacClientAuth(load_key(key_file))
+    except KeyFileError as exc:  # the default key file as well: name the key that would point elsewhere
+        raise ConfigError(f"{source}: agents.key_file: {exc}") from None
 
 
 def _request_error(url: str, status: int, body: bytes) -> AgentRequestError:

@@ -25,7 +25,7 @@ from typing import Any
 from slurm_elastic.agent.auth import AUTH_KINDS, METRICS_ANONYMOUS
 from slurm_elastic.configfile import KeyLines, suggest
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.keyschema import Key, Kind
+from slurm_elastic.keyschema import AGENT_KEY_FILE, Key, Kind
 
 CONFIG_VERSION = 1
 DEFAULT_PORT = 9817
@@ -58,7 +58,7 @@ KEYS: dict[str, Key] = {
     "interval_s": Key(Kind.NUMBER, 5.0, "seconds between samples", 0.05),
     "window_s": Key(Kind.NUMBER, 300.0, "seconds of samples behind each job's mean/max utilization",
                     check=_positive),
-    "key_file": Key(Kind.PATH, "/etc/slurm-elastic/agent.key", "auth = \"hmac\": shared key for request signing; "
+    "key_file": Key(Kind.PATH, AGENT_KEY_FILE, "auth = \"hmac\": shared key for request signing; "
                     "mode 0600, checked at start-up"),
     "gpu_map_dir": Key(Kind.PATH, "/run/slurm-elastic/gpu-map", "directory of the prolog's per-GPU map files "
                        "(<dir>/<node>/<gpu index>)"),

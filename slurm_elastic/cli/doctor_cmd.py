@@ -62,7 +62,7 @@ def _agent_findings(cfg: ControllerConfig, cmd: probes.ProbeCommands, source: st
                            munge_agent_user=a.munge_agent_user, munge_ttl_s=a.munge_ttl_s, source=source)
     except SlurmElasticError as e:
         mode = ""
-        if a.key_file is not None and a.key_file.exists():
+        if a.key_file.exists():
             mode = f" (mode {stat.S_IMODE(a.key_file.stat().st_mode):04o})"
         return [fail("agents", f"{e}{mode}", f"{source} [agents]: a key file of mode 0600 "
                      "(slurm-elastic agent --generate-key FILE), the same on every node; or auth = \"munge\"")]

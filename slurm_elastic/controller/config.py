@@ -88,6 +88,7 @@ from slurm_elastic.configfile import (
     KeyLines,
     Kind,
     Problems,
+    agent_values,
     check_sections,
     check_table,
     take_moved,
@@ -212,7 +213,7 @@ SECTIONS: dict[str, Mapping[str, Key]] = {
 
 @dataclass(frozen=True)
 class AgentsConfig:
-    key_file: Path | None = None
+    key_file: Path = Path(AGENT_KEYS["key_file"].default)
     auth: str = AGENT_KEYS["auth"].default
     munge_socket: str = AGENT_KEYS["munge_socket"].default
     munge_agent_user: str = AGENT_KEYS["munge_agent_user"].default
@@ -347,16 +348,7 @@ def parse_controller_config(text: str, source: str = "<string>",
         retention_interval_s=float(ctl["retention_interval_s"]),
         accounting_refresh_s=float(ctl["accounting_refresh_s"]),
         hold_heartbeat_s=float(ctl["hold_heartbeat_s"]),
-        agents=AgentsConfig(
-            key_file=Path(agents["key_file"]) if agents.get("key_file") else None,
-            auth=str(agents.get("auth", AgentsConfig.auth)),
-            munge_socket=str(agents.get("munge_socket", AgentsConfig.munge_socket)),
-            munge_agent_user=str(agents.get("munge_agent_user", AgentsConfig.munge_agent_user)),
-            munge_ttl_s=int(agents.get("munge_ttl_s", AgentsConfig.munge_ttl_s)),
-            url_template=agents.get("url_template", AgentsConfig.url_template),
-            timeout_s=float(agents.get("timeout_s", AgentsConfig.timeout_s)),
-            urls=dict(agents.get("urls", {})),
-        ),
+        agents=AgentsConfig(**agent_values(agents, AgentsConfig.timeout_s)),
         extension_env=dict(ext.get("env") or EXTENSION_KEYS["env"].default),
         extension_qos=str(ext.get("qos", ControllerConfig.extension_qos)),
         notice_grace_s=float(ext.get("notice_grace_s", ControllerConfig.notice_grace_s)),

@@ -32,7 +32,7 @@ from slurm_elastic.controller.admits import AdmitFollower
 from slurm_elastic.controller.coldstart import ColdStarts
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.grants import Joins
-from slurm_elastic.controller.history import resize_history, with_time_limit_added
+from slurm_elastic.controller.history import HISTORY_SPAN, resize_history, with_time_limit_added
 from slurm_elastic.controller.hold_filter import HoldFilter
 from slurm_elastic.controller.lease import hold_lease, this_process
 from slurm_elastic.controller.losses import LossRecorder
@@ -283,7 +283,7 @@ class Controller:
     def _policy_input(self, facts: CycleFacts, now: datetime) -> tuple[PolicyConfig, PolicyInput]:
         """The policy in force (paused jobs held) and its input, built from this cycle's facts."""
         snap, units = facts.snap, facts.by_id
-        recent = self.store.journal.list_actions(since=now - timedelta(days=1))  # newest first
+        recent = self.store.journal.list_actions(since=now - HISTORY_SPAN)  # newest first
         last_hour = [a for a in recent if a.created_at >= now - timedelta(hours=1)]
         for admitted in self.admits.follow(last_hour, snap, now):
             if self.metrics is not None:
@@ -299,7 +299,7 @@ class Controller:
                     measures[uid] = replace(measures[uid], cold_start_s=cost)
         serving = self.observer.serving_loads(facts.units, builder)
         history = resize_history(recent, units) + self.losses.history(units, now)
-        since = journal_since(facts.units, now, timedelta(days=1))  # a unit that started before the day read above
+        since = journal_since(facts.units, now, HISTORY_SPAN)  # a unit that started before the day read above
         lives = history if since is None else (resize_history(self.store.journal.list_actions(since=since), units)
                                                + self.losses.history(units, now))
         return policy, builder.build(

@@ -7,8 +7,9 @@ shrink-to-admit names the pending jobs it was for, and what each was based on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime, timedelta
 
 from slurm_elastic.controller.units import UnitsResult
 from slurm_elastic.policy import Action, AdmitBasis, ElasticUnit, Outcome, ResizeRecord
@@ -23,6 +24,11 @@ _STATE_OUTCOME = {ActionState.APPLIED: Outcome.APPLIED, ActionState.FAILED: Outc
                   ActionState.IN_PROGRESS: Outcome.INTENT}
 
 
+#: How far back the policy's history reaches: the controller reads the journal of the last day each cycle (by the
+#: actions' creation), and the simulator keeps as much (sim/journal.py), so both paths give decide() the same.
+HISTORY_SPAN = timedelta(days=1)
+
+
 def resize_history(actions: Sequence[ActionRecord], units: Mapping[int, ElasticUnit]) -> tuple[ResizeRecord, ...]:
     """The units' resizes among ``actions`` (the journal of the last day) as the policy's history."""
     records: list[ResizeRecord] = []
@@ -30,17 +36,26 @@ def resize_history(actions: Sequence[ActionRecord], units: Mapping[int, ElasticU
         if a.job_id not in units or a.kind not in _KIND_ACTION:
             continue
         # A resize happens when it is applied (after the grace period for a shrink), not when it is decided.
-        # A shrink-to-admit names the pending jobs it was for, and what each was based on: one record each,
-        # so decide() backs off for a job that Slurm did not start after all, until something changes.
-        admits: list[int | None] = [int(j) for j in a.params.get("admits") or []] or [None]
-        bases = admit_bases(a)
-        records.extend(ResizeRecord(at=a.finished_at or a.created_at, unit_id=a.job_id,
-                                    action=_KIND_ACTION[a.kind], from_nodes=int(a.params.get("from", 0)),
-                                    to_nodes=int(a.params.get("to", 0)), outcome=_STATE_OUTCOME[a.state],
-                                    reason=str(a.params.get("reason", "")), for_job=for_job,
-                                    admit_basis=bases.get(for_job) if for_job is not None else None)
-                       for for_job in admits)
+        records.extend(action_records(
+            at=a.finished_at or a.created_at, unit_id=a.job_id, action=_KIND_ACTION[a.kind],
+            from_nodes=int(a.params.get("from", 0)), to_nodes=int(a.params.get("to", 0)),
+            outcome=_STATE_OUTCOME[a.state], reason=str(a.params.get("reason", "")),
+            admits=[int(j) for j in a.params.get("admits") or []], bases=admit_bases(a)))
     return tuple(records)
+
+
+def action_records(*, at: datetime, unit_id: int, action: Action, from_nodes: int, to_nodes: int, outcome: Outcome,
+                   reason: str, admits: Iterable[int] = (), bases: Mapping[int, AdmitBasis] | None = None,
+                   ) -> tuple[ResizeRecord, ...]:
+    """One journaled resize as the policy's history (the controller's journal and the simulator's). A shrink that
+    admits pending jobs names them, and what each was based on: one record each, so decide() backs off for a job
+    that Slurm did not start after all, until something changes."""
+    bases = bases or {}
+    for_jobs: list[int | None] = [*admits] or [None]
+    return tuple(ResizeRecord(at=at, unit_id=unit_id, action=action, from_nodes=from_nodes, to_nodes=to_nodes,
+                              outcome=outcome, reason=reason, for_job=for_job,
+                              admit_basis=bases.get(for_job) if for_job is not None else None)
+                 for for_job in for_jobs)
 
 
 def admit_bases(action: ActionRecord) -> dict[int, AdmitBasis]:

@@ -89,6 +89,15 @@ class PendingSteps(WalkState):
             return False
         return fits(add_gres(free, holder.need), need)
 
+    def _counts(self, name: str, holder: UnitWork, parts: set[str], need: Need, counted: set[str]) -> bool:
+        """Would node ``name`` give the pending job one more place once ``holder`` gives it back? A node counts
+        once for the job (``counted``: what it has so far): two units sharing it (GPUs per node) free one place,
+        not two."""
+        if name in counted or not self._helps(name, holder, parts, need):
+            return False
+        counted.add(name)
+        return True
+
     def _admit(self, job: Job, parts: tuple[str, ...], need: Need, deficit: int, got: list[str]) -> None:
         """Shrink lower-priority units just enough for ``job`` to fit, or change nothing if they can not."""
         memo = (parts, need)
@@ -109,8 +118,9 @@ class PendingSteps(WalkState):
         still = deficit - len(claims)
         tentative: list[tuple[UnitWork, int]] = []
         seen: set[int] = set()  # a unit on nodes of several of the job's partitions is asked once
+        counted = {*got, *claims}
         if cfg.allocator and still > 0:
-            tentative, still = self._fair_victims(job, part_set, parts, need, still, counted={*got, *claims})
+            tentative, still = self._fair_victims(job, part_set, parts, need, still, counted=counted)
         for part in parts if not cfg.allocator else ():
             live_victims = self.live_victims.get(part)
             for w in live_victims if live_victims is not None else ():
@@ -123,7 +133,7 @@ class PendingSteps(WalkState):
                 order = w.removal()
                 k = 0
                 while k < surplus and still > 0 and w.taken + k < len(order):
-                    if not self._helps(order[w.taken + k].node, w, part_set, need):
+                    if not self._counts(order[w.taken + k].node, w, part_set, need, counted):
                         break
                     k += 1
                     still -= 1
@@ -162,12 +172,7 @@ class PendingSteps(WalkState):
         max_rho = victim_limit(job, self.ctx.now, self.ctx.cfg.fairness_max_rho)
 
         def helps(w: UnitWork, k: int) -> bool:
-            # a node counts once for the job: two units sharing it (GPUs per node) free one place, not two
-            name = w.removal()[w.taken + k].node
-            if name in counted or not self._helps(name, w, part_set, need):
-                return False
-            counted.add(name)
-            return True
+            return self._counts(w.removal()[w.taken + k].node, w, part_set, need, counted)
 
         if len(parts) == 1:  # the common case: one heap per partition, kept across the walk
             heap = self.fair_heaps.get(parts[0])

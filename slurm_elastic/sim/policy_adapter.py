@@ -47,7 +47,8 @@ Modelling rules (docs/simulator.md, "The production policy in the simulator", sa
   other actions (ACTION_IN_PROGRESS), as it does for the controller's open actions.
 * **History.** Each action is journalled at decision time (any outcome starts the cooldown), then marked
   applied or failed once the engine's next snapshot shows whether it happened; a SHRINK_TO_ADMIT records the
-  pending jobs it was for, so the admit back-off works.
+  pending jobs it was for, so the admit back-off works. Like the controller, the policy sees every resize of
+  the running units decided in the last day, not only each unit's last (sim/journal.py says what reads them).
 * **Grow back-off and power.** The facts the controller gives the grow back-off and the power rules come from the
   controller's code: a grow the engine did not apply is a refused grow (slurm_elastic/backoff.py
   ``refused_grow_end``: GROW_BACKOFF; on a real cluster such a grow may instead pend as an extension job, so
@@ -73,13 +74,11 @@ from slurm_elastic.directives.spec import ElasticSpec
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.policy import (
     Action,
-    AdmitBasis,
     Decision,
     ElasticUnit,
     ExtensionJob,
     Outcome,
     PolicyConfig,
-    Reason,
     ResizeRecord,
     ThroughputSample,
     decide,
@@ -93,6 +92,7 @@ from slurm_elastic.policy.moldable import start_floors
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import JobView, ResizeRequest, SimClusterState
 from slurm_elastic.sim.errors import SimulationError
+from slurm_elastic.sim.journal import Entry, SimJournal
 from slurm_elastic.sim.slurm_view import (
     PARTITION,
     USER,
@@ -144,10 +144,10 @@ class _Unit:
 @dataclass
 class _Inflight:
     record: ResizeRecord
+    entry: Entry  # its journal entry, settled once the engine had its chance
     target: int
     due: float  # when the engine is asked (after the grace period for a shrink)
     sent: bool = False
-    admits: tuple[AdmitBasis, ...] = ()
     time_limit_add_s: int = 0
     gpus: int = 0  # a GPU-granular grow: GPUs of the one added entry, on node index ``node``
     node: int | None = None
@@ -169,9 +169,7 @@ class ProductionPolicy:
         self._trace_ids: dict[int, str] = {}
         self._units: dict[str, _Unit] = {}
         self._inflight: dict[str, _Inflight] = {}
-        self._last_any: dict[int, tuple[ResizeRecord, ...]] = {}  # a unit's last resize: a record per admit
-        self._last_grow: dict[int, ResizeRecord] = {}
-        self._admits: dict[int, dict[int, ResizeRecord]] = {}  # waiting job -> victim -> its admit record
+        self._journal = SimJournal()
         self._next_ext = EXTENSION_ID_BASE
         self._nodes: dict[tuple[int, int, int, str], Node] = {}
         # The controller's own facts, from the same code: resume times measured from the nodes' power states
@@ -205,9 +203,7 @@ class ProductionPolicy:
             taken_at=t, jobs=tuple(jobs), nodes=self._slurm_nodes(snapshot),
             partitions=(Partition(PARTITION, tuple(node_name(n.index) for n in snapshot.nodes), is_default=True),),
         )
-        history = tuple({id(r): r for r in (*(r for rs in self._last_any.values() for r in rs),
-                                            *self._last_grow.values(),
-                                            *(r for rs in self._admits.values() for r in rs.values()))}.values())
+        history = self._journal.history(t)
         in_progress = [ActionInProgress(f.record.unit_id, str(f.record.action), f.record.at)
                        for f in self._inflight.values()]
         self._power.observe(slurm, t)  # resumes never fail here: no RESUME_FAILED (docs/simulator.md)
@@ -257,11 +253,7 @@ class ProductionPolicy:
         for gone in [k for k in self._units if k not in seen]:
             del self._units[gone]
             self._inflight.pop(gone, None)
-            job_id = self._ids[gone]
-            self._last_any.pop(job_id, None)
-            self._last_grow.pop(job_id, None)
-        for for_job in [j for j, r in self._admits.items() if self._trace_ids[j] in seen]:
-            del self._admits[for_job]  # the job it was for started: the back-off no longer matters
+            self._journal.forget(self._ids[gone])
 
     def _new_unit(self, view: JobView) -> _Unit:
         job_id = self._id(view.job_id)
@@ -336,24 +328,13 @@ class ProductionPolicy:
         record = flight.record
         applied = view.num_nodes == flight.target and view.last_resize_time is not None and \
             view.last_resize_time >= flight.due
-        done = replace(record, outcome=Outcome.APPLIED if applied else Outcome.FAILED,
-                       at=at(view.last_resize_time) if applied and view.last_resize_time is not None else record.at)
-        self._journal(done, flight.admits)
+        self._journal.settle(flight.entry, Outcome.APPLIED if applied else Outcome.FAILED,
+                             at(view.last_resize_time) if applied and view.last_resize_time is not None else record.at)
         if not applied and record.action is Action.GROW:  # as a refused sbatch: the grow back-off counts it
             self._ends.append(refused_grow_end(record.unit_id, record.at, record.at))
         if applied:
             unit.time_limit_added_s = max(0, unit.time_limit_added_s + flight.time_limit_add_s)
         del self._inflight[view.job_id]
-
-    def _journal(self, record: ResizeRecord, admits: tuple[AdmitBasis, ...] = ()) -> None:
-        # as the controller's journal reads (controller/history.py): one record per job a shrink admits
-        records = tuple(replace(record, for_job=b.job_id, admit_basis=b) for b in admits) or (record,)
-        self._last_any[record.unit_id] = records
-        if record.action is Action.GROW:
-            self._last_grow[record.unit_id] = record
-        for r in records[:len(admits)]:
-            assert r.for_job is not None
-            self._admits.setdefault(r.for_job, {})[record.unit_id] = r
 
     # ------------------------------------------------------------------ policy input
 
@@ -407,15 +388,14 @@ class ProductionPolicy:
             if d.action is Action.HOLD:  # incl. units with an action in flight (ACTION_IN_PROGRESS)
                 continue
             self.actions[f"{d.action} {d.reason}"] += 1
-            admits = d.shrink.admit_basis if d.shrink is not None and d.reason is Reason.SHRINK_TO_ADMIT else ()
+            entry = self._journal.record(d, t)
             record = ResizeRecord(at=t, unit_id=d.unit_id, action=d.action, from_nodes=d.current_nodes,
                                   to_nodes=d.target_nodes, outcome=Outcome.INTENT, reason=str(d.reason))
-            self._journal(record, admits)
             due = now + (d.grace_s if d.action is Action.SHRINK else 0)
             add = (d.shrink.time_limit_add_s if d.shrink is not None
                    else -d.grow.time_limit_sub_s if d.grow is not None else 0)  # a grow gives back
             gpus, node = _partial(d, self.sim.gpus_per_node)
-            self._inflight[trace_id] = _Inflight(record, d.target_nodes, due, admits=admits, time_limit_add_s=add,
+            self._inflight[trace_id] = _Inflight(record, entry, d.target_nodes, due, time_limit_add_s=add,
                                                  gpus=gpus, node=node)
         for trace_id, flight in self._inflight.items():
             if not flight.sent and flight.due <= now:

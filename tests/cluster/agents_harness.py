@@ -12,7 +12,6 @@ import contextlib
 import filecmp
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from slurm_elastic.agent.payload import NodeReport
 from slurm_elastic.testing.vgpu.build import build_library
 from slurm_elastic.testing.vgpu.state import make_node_state
 from slurm_elastic.testing.vgpu.statefile import StateFile
-from tests.cluster.harness import AGENT_PORT_BASE, TestCluster
+from tests.cluster.harness import AGENT_PORT_BASE, TestCluster, stop_processes
 
 REPO = Path(__file__).resolve().parents[2]
 INTERVAL_S = 1.0
@@ -101,6 +100,21 @@ def install_plugins(cluster: TestCluster) -> None:
             os.replace(tmp, dst)
 
 
+def wait_answering(agents: Agents, logs: Path, what: str) -> None:
+    """Wait (60 s at most) until every agent process of ``agents`` answers; one that exited fails the test,
+    naming its log under ``logs``."""
+    def all_up() -> bool | None:
+        for node, p in agents.procs.items():
+            assert p.poll() is None, f"agent for {node} exited: see {logs}/agent-{node}.log"
+            try:
+                agents.report(node)
+            except Exception:
+                return None
+        return True
+
+    wait_for(what, all_up, timeout=60)
+
+
 def prepare_agents(cluster: TestCluster, key_dir: Path, nodes: Sequence[str] = ()) -> tuple[Path, Path]:
     """What every node's agent starts from: the plugins, fresh 4-GPU virtual state per node (``nodes``, default
     the always-on ones), a new shared key and metrics token (0600) in ``key_dir``. Returns (key file, token file)."""
@@ -149,26 +163,10 @@ def running_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = I
         if auth == "munge":
             result.client_auth = MungeClientAuth(Munge(), os.geteuid())
 
-        def all_up() -> bool | None:
-            for node, p in procs.items():
-                assert p.poll() is None, f"agent for {node} exited: see {logs}/agent-{node}.log"
-                try:
-                    result.report(node)
-                except Exception:
-                    return None
-            return True
-
-        wait_for("the agents to answer", all_up, timeout=60)
+        wait_answering(result, logs, "the agents to answer")
         yield result
     finally:
-        for p in procs.values():
-            p.send_signal(signal.SIGTERM)
-        for p in procs.values():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs.values())
 
 
 # The workload needs only the standard library: any user's job runs it with the system Python.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +16,7 @@ from pathlib import Path
 from slurm_elastic.store import SqlStore
 from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, DecisionFilter, DecisionRecord
 from tests.cluster.agents_harness import REPO, Agents
-from tests.cluster.harness import RELEASE, TestCluster
+from tests.cluster.harness import RELEASE, TestCluster, stop_processes
 from tests.policy_text import CLUSTER, policy_text
 
 # Small numbers so a test sees a whole resize in seconds; the rules are the production ones (tests/policy_text.py:
@@ -168,13 +168,7 @@ def running_controller(cluster: TestCluster, config: Path, *, crash_at: str | No
     try:
         yield cp
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes([proc])
 
 
 def elastic_script(util: int, directives: str, marker: Path, *, het: bool = False) -> str:
@@ -246,3 +240,18 @@ def set_util(path: Path, util: int) -> None:
     tmp.write_text(f"{util}\n")
     tmp.chmod(0o666)
     os.replace(tmp, path)
+
+
+def user_workdir(cluster: TestCluster, templates: Sequence[str], util: int, *, user: str = "alice"
+                 ) -> tuple[Path, Path]:
+    """A new working directory of ``user`` (notices, checkpoints) under the cluster's jobs dir, which outlives test
+    runs: copies of ``templates`` (files of sbatch_templates/) and the utilization file a template job's load
+    reads, set to ``util``. Returns the directory and the file."""
+    work = cluster.jobs_dir / f"work-{uuid.uuid4().hex[:8]}"
+    work.mkdir()
+    for name in templates:
+        shutil.copy(REPO / "sbatch_templates" / name, work / name)
+    shutil.chown(work, user)
+    util_file = work / "util"
+    set_util(util_file, util)
+    return work, util_file

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import warnings
@@ -159,3 +160,18 @@ class TestCluster:
     def cancel_all(self) -> None:
         for user in ("root", "alice", "bob"):
             self.run(["scancel", "-u", user])
+
+
+def stop_processes(procs: Iterable[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
+    """SIGTERM every process still running (all first, so that they stop side by side), then wait for each; one
+    still running after ``timeout_s`` is killed."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

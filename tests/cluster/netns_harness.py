@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -16,9 +15,9 @@ from pathlib import Path
 
 from slurm_elastic.store.records import ActionState
 from slurm_elastic.testing.vgpu.build import build_library
-from tests.cluster.agents_harness import REPO, Agents, prepare_agents, wait_for
+from tests.cluster.agents_harness import REPO, Agents, prepare_agents, wait_answering
 from tests.cluster.controller_harness import controller_config, set_util, util_script
-from tests.cluster.harness import TestCluster
+from tests.cluster.harness import TestCluster, stop_processes
 from tests.policy_text import CLUSTER, policy_text
 
 NETNS_SH = REPO / "docker-slurm" / "netns-cluster.sh"
@@ -77,14 +76,6 @@ def spawn_agent(cluster: TestCluster, node: str, key_file: Path, *, interval_s: 
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
 
 
-def stop_agent(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
 
 @contextlib.contextmanager
 def running_netns_agents(cluster: TestCluster, key_dir: Path, *, interval_s: float = 1.0,
@@ -98,20 +89,10 @@ def running_netns_agents(cluster: TestCluster, key_dir: Path, *, interval_s: flo
             procs[node] = spawn_agent(cluster, node, key_file, interval_s=interval_s, window_s=window_s)
         result = NetnsAgents(cluster, key_file.read_bytes(), procs, key_file, token_file)
 
-        def all_up() -> bool | None:
-            for node, p in procs.items():
-                assert p.poll() is None, f"agent for {node} exited: see {logs}/agent-{node}.log"
-                try:
-                    result.report(node)
-                except Exception:
-                    return None
-            return True
-
-        wait_for("the four agents to answer on their nodes' addresses", all_up, timeout=60)
+        wait_answering(result, logs, "the four agents to answer on their nodes' addresses")
         yield result
     finally:
-        for p in procs.values():
-            stop_agent(p)
+        stop_processes(procs.values())
 
 
 def controller(agents: NetnsAgents, tmp: Path) -> tuple[Path, list[str]]:

@@ -8,6 +8,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.cluster.harness import stop_processes
+
 
 @contextlib.contextmanager
 def running_prometheus(tmp: Path, port: int, scrape_configs: str) -> Iterator[subprocess.Popen[bytes]]:
@@ -23,9 +25,4 @@ def running_prometheus(tmp: Path, port: int, scrape_configs: str) -> Iterator[su
     try:
         yield prom
     finally:
-        prom.terminate()
-        try:
-            prom.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            prom.kill()
-            prom.wait()
+        stop_processes([prom])

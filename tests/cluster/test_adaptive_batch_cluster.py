@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from slurm_elastic.store.records import ActionKind
 from tests.cluster.agents_harness import REPO, Agents
-from tests.cluster.controller_harness import controller_config, node_count, running_controller, set_util, wait_until
+from tests.cluster.controller_harness import (
+    controller_config,
+    node_count,
+    running_controller,
+    set_util,
+    user_workdir,
+    wait_until,
+)
 from tests.cluster.test_resize_templates import template_script
 
 pytestmark = pytest.mark.cluster
@@ -40,13 +45,8 @@ def test_job_restarts_with_a_new_batch_plan_after_a_grow(stack: Agents, tmp_path
     from slurm_elastic.goodput import parse_records, plan_for, read_state
 
     cluster = stack.cluster
-    work = cluster.jobs_dir / f"work-{uuid.uuid4().hex[:8]}"
-    work.mkdir()
-    for name in ("train_elastic.py", "train_adaptive.py"):
-        shutil.copy(REPO / "sbatch_templates" / name, work / name)
-    shutil.chown(work, "alice")
-    util = work / "util"
-    set_util(util, 60)  # between the thresholds until the job has published its statistics
+    # between the thresholds until the job has published its statistics
+    work, util = user_workdir(cluster, ["train_elastic.py", "train_adaptive.py"], 60)
     script = template_script("torchrun_elastic.sbatch", cluster, util)
     script = re.sub(r"^#ELASTIC .*$", DIRECTIVES, script, count=1, flags=re.M)
     env_path = f"{REPO / '.venv-jobs' / 'bin'}:/usr/local/bin:/usr/bin:/bin"

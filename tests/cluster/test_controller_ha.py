@@ -36,7 +36,7 @@ from tests.cluster.controller_harness import (
     node_count,
     wait_until,
 )
-from tests.cluster.harness import TestCluster
+from tests.cluster.harness import TestCluster, stop_processes
 from tests.cluster.tcp_relay import TcpRelay, tcp_relay
 
 pytestmark = pytest.mark.cluster
@@ -69,13 +69,7 @@ def controller(cluster: TestCluster, config: Path) -> Iterator[ControllerProcess
     try:
         yield ControllerProcess(proc, log, URL)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes([proc])
 
 
 def cycles(st: SqlStore) -> list[CycleRecord]:

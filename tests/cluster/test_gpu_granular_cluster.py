@@ -10,16 +10,21 @@ torch runs on the CPU here; the job's GPUs are the cluster's device files, one w
 
 from __future__ import annotations
 
-import shutil
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from slurm_elastic.store.records import ActionKind
 from tests.cluster.agents_harness import REPO, Agents
-from tests.cluster.controller_harness import controller_config, node_count, running_controller, set_util, wait_until
+from tests.cluster.controller_harness import (
+    controller_config,
+    node_count,
+    running_controller,
+    set_util,
+    user_workdir,
+    wait_until,
+)
 from tests.cluster.test_controller_e2e import extensions_of
 from tests.cluster.test_resize_templates import DIRECTIVES as RESIZE_DIRECTIVES
 from tests.cluster.test_resize_templates import repeated_steps, template_script, training_log
@@ -41,12 +46,7 @@ def test_torchrun_job_grows_by_two_gpus_on_a_shared_node_and_gives_them_back(sta
     other = cluster.submit(hold, "-w", "n2", "--gres=gpu:2", "--time=15", user="bob")  # half of n2
     for j in (*fillers, other):
         cluster.wait_state(j, {"RUNNING"})
-    work = cluster.jobs_dir / f"work-{uuid.uuid4().hex[:8]}"
-    work.mkdir()
-    shutil.copy(REPO / "sbatch_templates" / "train_elastic.py", work / "train_elastic.py")
-    shutil.chown(work, "alice")
-    util = work / "util"
-    set_util(util, 60)
+    work, util = user_workdir(cluster, ["train_elastic.py"], 60)
     # The template as shipped: one worker per GPU (the resize test's one-per-node override is taken out).
     script = template_script("torchrun_elastic.sbatch", cluster, util)
     script = script.replace("export SLURM_ELASTIC_NPROC_PER_NODE=1", "true")

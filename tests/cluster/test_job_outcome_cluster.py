@@ -10,8 +10,6 @@ shrinks it to 1 (the utilization stays at 0) well before the end, and the job th
 
 from __future__ import annotations
 
-import shutil
-import uuid
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,13 @@ from slurm_elastic.sim.loaders.sacct import parse_accounting
 from slurm_elastic.slurm.accounting import REPORT_FIELDS
 from slurm_elastic.store.records import ActionKind
 from tests.cluster.agents_harness import REPO, Agents
-from tests.cluster.controller_harness import controller_config, node_count, running_controller, set_util, wait_until
+from tests.cluster.controller_harness import (
+    controller_config,
+    node_count,
+    running_controller,
+    user_workdir,
+    wait_until,
+)
 from tests.cluster.harness import RELEASE
 from tests.cluster.test_resize_templates import template_script
 
@@ -42,12 +46,8 @@ def sacct_rows(stack: Agents, job: int) -> list[str]:
 def test_a_job_that_trains_to_its_end_across_a_shrink_of_its_own_node_completes(
         stack: Agents, tmp_path: Path) -> None:
     cluster = stack.cluster
-    work = cluster.jobs_dir / f"work-{uuid.uuid4().hex[:8]}"  # the user's own working directory
-    work.mkdir()
-    shutil.copy(REPO / "sbatch_templates" / "train_minimal.py", work / "train_minimal.py")
-    shutil.chown(work, "alice")
-    util = work / "util"
-    set_util(util, 0)  # below --scale-down-below from the start: the first full window shrinks 2 -> 1
+    # below --scale-down-below from the start: the first full window shrinks 2 -> 1
+    work, util = user_workdir(cluster, ["train_minimal.py"], 0)
     script = "\n".join(DIRECTIVES if ln.startswith("#ELASTIC") else ln  # the template's, with this test's sizes
                        for ln in template_script("minimal.sbatch", cluster, util).splitlines()) + "\n"
     # A release cluster's client commands are its wrappers (tests/cluster/harness.py), in the job too (srun).

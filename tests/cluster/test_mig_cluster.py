@@ -32,7 +32,7 @@ from slurm_elastic.testing.vgpu.build import build_library
 from slurm_elastic.testing.vgpu.state import make_node_state
 from slurm_elastic.testing.vgpu.statefile import StateFile
 from tests.cluster.agents_harness import install_plugins, wait_for
-from tests.cluster.harness import AGENT_PORT_BASE, TestCluster
+from tests.cluster.harness import AGENT_PORT_BASE, TestCluster, stop_processes
 
 pytestmark = pytest.mark.cluster
 
@@ -220,12 +220,7 @@ apply_timeout_s = 120
         yield rig
     finally:
         if agent is not None:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+            stop_processes([agent])
         cluster.cancel_all()
         restore_node(cluster, slurm_conf, gres_conf, was_drained)
         if old_state is None:

@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
 from pathlib import Path
 
 import pytest
 
 from slurm_elastic.store.records import ActionKind
 from tests.cluster.agents_harness import REPO, Agents
-from tests.cluster.controller_harness import controller_config, node_count, running_controller, set_util, wait_until
+from tests.cluster.controller_harness import (
+    controller_config,
+    node_count,
+    running_controller,
+    set_util,
+    user_workdir,
+    wait_until,
+)
 from tests.cluster.resize_phases import Resize, events, phases, table
 from tests.cluster.test_controller_e2e import extensions_of
 from tests.cluster.test_resize_templates import repeated_steps, template_script, training_log
@@ -34,12 +39,7 @@ FAST = os.environ.get("SLURM_ELASTIC_FAST_RESIZE", "1")  # "0": the baseline, to
 
 def test_resizes_record_every_phase_and_repeat_no_step(stack: Agents, tmp_path: Path) -> None:
     cluster = stack.cluster
-    work = cluster.jobs_dir / f"work-{uuid.uuid4().hex[:8]}"
-    work.mkdir()
-    shutil.copy(REPO / "sbatch_templates" / "train_elastic.py", work / "train_elastic.py")
-    shutil.chown(work, "alice")
-    util = work / "util"
-    set_util(util, 60)
+    work, util = user_workdir(cluster, ["train_elastic.py"], 60)
     env_path = f"{REPO / '.venv-jobs' / 'bin'}:/usr/local/bin:/usr/bin:/bin"
     cp = cluster.run(["env", f"PATH={env_path}", f"PYTHONPATH={REPO}", f"SLURM_ELASTIC_FAST_RESIZE={FAST}",
                       "SLURM_ELASTIC_TRAIN_ARGS=--step-seconds 0.1 --checkpoint-every 1000000",

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from slurm_elastic.agent.config import KEYS as AGENT_FILE_KEYS
 from slurm_elastic.agent.config import load_config
 from slurm_elastic.configfile import AGENT_KEYS, Key, KeyLines, Kind, Problems, check_table
 from slurm_elastic.controller.config import parse_controller_config
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.keyschema import AGENT_KEY_FILE
 from slurm_elastic.mig.config import parse_mig_config
 
 TEXT = """version = 1
@@ -88,6 +90,19 @@ def test_agents_section_means_the_same_in_both_files() -> None:
     assert (parse_controller_config("version = 1\n").agents.timeout_s,
             parse_mig_config("version = 1\n", env={}).agents.timeout_s) == (5.0, 10.0)
     assert AGENT_KEYS["url_template"].default == parse_controller_config("version = 1\n").agents.url_template
+
+
+def test_the_agents_key_file_has_one_default_in_every_program() -> None:
+    """The controller, the MIG workflow (and the CLI commands that read their files) and the agent read the same
+    key file when none is set: the key schema's one default. An empty one is refused, not taken for unset."""
+    default = Path(AGENT_KEY_FILE)
+    assert AGENT_KEYS["key_file"].default == AGENT_FILE_KEYS["key_file"].default == AGENT_KEY_FILE
+    assert parse_controller_config("version = 1\n").agents.key_file == default
+    assert parse_mig_config("version = 1\n", env={}).agents.key_file == default
+    assert load_config(None, {}, "n1").key_file == default
+    for parse in (parse_controller_config, lambda text: parse_mig_config(text, env={})):
+        with pytest.raises(ConfigError, match=r"line 3: agents\.key_file: must not be empty"):
+            parse('version = 1\n[agents]\nkey_file = " "\n')
 
 
 def test_agent_file_unknown_key_names_its_line_and_the_close_one(tmp_path: Path) -> None:

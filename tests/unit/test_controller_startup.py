@@ -50,3 +50,15 @@ def test_a_good_policy_file_starts_and_creates_the_state_db(tmp_path: Path) -> N
         assert (tmp_path / "state.db").exists() and ctl.policy.base == parse_config(text).base
     finally:
         ctl.store.close()
+
+
+def test_a_missing_or_loose_key_file_is_refused_naming_the_key_before_the_state_db_exists(tmp_path: Path) -> None:
+    cfg = config(tmp_path, "version = 1\n")
+    key = tmp_path / "agent.key"
+    key.chmod(0o644)
+    with pytest.raises(ConfigError, match=rf"agents\.key_file: key file {key} has mode 0644.*chmod 600"):
+        build_controller(cfg)
+    key.unlink()
+    with pytest.raises(ConfigError, match=rf"agents\.key_file: key file {key} does not exist \(create one: "):
+        build_controller(cfg)
+    assert not (tmp_path / "state.db").exists()

@@ -30,6 +30,7 @@ from slurm_elastic.agent.payload import NODE_PATH, NodeReport
 from slurm_elastic.agent.server import AgentApp
 from slurm_elastic.controller.config import load_controller_config
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.keyschema import AGENT_KEY_FILE
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "munge" / "recorded.json"
 CASES: dict[str, dict[str, Any]] = json.loads(FIXTURE.read_text())["cases"]
@@ -266,7 +267,8 @@ def test_agent_and_controller_configs_name_the_same_kinds(tmp_path: Path) -> Non
     toml = tmp_path / "controller.toml"
     toml.write_text('version = 1\n[agents]\nauth = "munge"\nmunge_agent_user = "root"\nmunge_ttl_s = 30\n')
     agents = load_controller_config(toml).agents
-    assert (agents.auth, agents.munge_agent_user, agents.munge_ttl_s, agents.key_file) == ("munge", "root", 30, None)
+    assert (agents.auth, agents.munge_agent_user, agents.munge_ttl_s, agents.key_file) == ("munge", "root", 30,
+                                                                                       Path(AGENT_KEY_FILE))
     toml.write_text('version = 1\n[agents]\nauth = "krb5"\n')
     with pytest.raises(ConfigError, match="auth.*must be 'hmac' or 'munge'"):
         load_controller_config(toml)
@@ -279,6 +281,7 @@ def test_the_controller_refuses_to_start_without_a_reachable_munged(tmp_path: Pa
     with pytest.raises(ConfigError, match=r"agents.auth = \"munge\":.*munge status.*/nonexistent/munge.sock"):
         client_auth("munge", key_file=None, munge_socket="/nonexistent/munge.sock", munge_agent_user="root",
                     munge_ttl_s=60, source="c.toml")
-    with pytest.raises(ConfigError, match="agents.key_file is required"):
-        client_auth("hmac", key_file=None, munge_socket="", munge_agent_user="root", munge_ttl_s=60, source="c.toml")
+    with pytest.raises(ConfigError, match=r"c\.toml: agents\.key_file: key file .*none\.key does not exist"):
+        client_auth("hmac", key_file=tmp_path / "none.key", munge_socket="", munge_agent_user="root", munge_ttl_s=60,
+                    source="c.toml")
 

@@ -305,3 +305,25 @@ def test_victim_by_remaining_takes_from_the_unit_a_node_costs_least_time() -> No
     assert ds[200].inputs["victim_added_s"] == 1800.0
     ds = _run(units, busy, [pending(900, count=3, priority=100)], victim_by_remaining=True)
     assert [ds[i].target_nodes for i in (100, 200, 300)] == [2, 1, 2]  # then the long one; no limit last
+
+
+def _sharing(min_b: int) -> dict[int, Decision]:
+    """Three units at two GPUs per node share four 4-GPU nodes (A n1-n3, B n2-n4, C n1,n4: every node full); A
+    outranks the arrival, which needs two GPUs on each of two nodes. A shrink gives back a unit's last node, so B
+    and C would both give n4. The rule walk (no allocator)."""
+    units = [unit(job(uid, nodes=names, gpus=2, priority=prio), min_nodes=low)
+             for uid, names, prio, low in ((100, ("n1", "n2", "n3"), 1000, 1), (101, ("n2", "n3", "n4"), 10, min_b),
+                                           (102, ("n1", "n4"), 10, 1))]
+    return _run(units, _busy("n1", "n2", "n3", "n4"), [pending(900, count=2, gpus=2, priority=100)])
+
+
+def test_a_node_two_sharing_victims_would_free_counts_once_for_the_arrival() -> None:
+    """B may give one node (n4), C one (n4): one place for the arrival, not two, so nobody shrinks (it would
+    still not fit). With B allowed two nodes (n4, n3) B alone admits it and C keeps its nodes."""
+    got = _sharing(2)
+    assert [got[u].target_nodes for u in (100, 101, 102)] == [3, 3, 2]
+    assert all(got[u].shrink is None for u in (100, 101, 102))
+    got = _sharing(1)
+    assert [got[u].target_nodes for u in (100, 101, 102)] == [3, 1, 2]
+    assert got[101].shrink is not None and got[101].shrink.released_nodes == ("n4", "n3")
+    assert got[102].shrink is None

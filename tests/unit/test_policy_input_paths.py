@@ -94,19 +94,26 @@ class Recording:
     sim: Recorder
 
 
-def _record(monkeypatch: pytest.MonkeyPatch) -> Recording:
+def record_run(monkeypatch: pytest.MonkeyPatch, cfg: PolicyConfig, cluster: Callable[[int, float], SimClusterState],
+               util_a: Sequence[float], util_b: Sequence[float]) -> Recording:
+    """A run of the simulator's adapter under ``cfg``: at cycle ``i`` (time ``now``) it sees ``cluster(i, now)``,
+    in which job a (2 nodes) runs at ``util_a[i]`` and b (1 node) at ``util_b[i]``."""
     rec = Recorder()
     monkeypatch.setattr(adapter, "decide", rec)
-    policy = ProductionPolicy(POLICY, SimConfig(num_nodes=4, gpus_per_node=GPUS, interval=INTERVAL, start_delay=0.0),
+    policy = ProductionPolicy(cfg, SimConfig(num_nodes=4, gpus_per_node=GPUS, interval=INTERVAL, start_delay=0.0),
                               AdapterSettings())
-    times = tuple(INTERVAL * (i + 1) for i in range(len(UTIL_A)))
-    for now, ua, ub in zip(times, UTIL_A, UTIL_B, strict=True):
-        policy(_cluster(now, ua, ub), now)
+    times = tuple(INTERVAL * (i + 1) for i in range(len(util_a)))
+    for i, now in enumerate(times):
+        policy(cluster(i, now), now)
     ids = {trace: policy._ids[trace] for trace in ("a", "b")}  # the Slurm ids the adapter gave the trace jobs
-    util = tuple({ids["a"]: 100.0 * ua, ids["b"]: 100.0 * ub} for ua, ub in zip(UTIL_A, UTIL_B, strict=True))
+    util = tuple({ids["a"]: 100.0 * ua, ids["b"]: 100.0 * ub} for ua, ub in zip(util_a, util_b, strict=True))
     in_use = tuple({ids["a"]: round(2 * GPUS * ua), ids["b"]: round(GPUS * ub)}
-                   for ua, ub in zip(UTIL_A, UTIL_B, strict=True))
+                   for ua, ub in zip(util_a, util_b, strict=True))
     return Recording(times, tuple(i.snapshot for i in rec.inputs), util, in_use, rec)
+
+
+def _record(monkeypatch: pytest.MonkeyPatch) -> Recording:
+    return record_run(monkeypatch, POLICY, lambda i, now: _cluster(now, UTIL_A[i], UTIL_B[i]), UTIL_A, UTIL_B)
 
 
 class ReplaySlurm:

@@ -12,6 +12,8 @@ Node n3 is a cold node: powered down, then booting, then up.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -20,26 +22,39 @@ import slurm_elastic.controller.cycle as cycle
 import slurm_elastic.sim.policy_adapter as adapter
 from slurm_elastic.controller.config import ControllerConfig
 from slurm_elastic.controller.cycle import Controller
-from slurm_elastic.policy import PolicyConfig, parse_config
+from slurm_elastic.controller.history import HISTORY_SPAN, resize_history
+from slurm_elastic.policy import Action, Outcome, PolicyConfig, Reason, decide, parse_config
 from slurm_elastic.sim.config import SimConfig
 from slurm_elastic.sim.elastic import JobView, NodeView, SimClusterState
+from slurm_elastic.sim.journal import SimJournal
 from slurm_elastic.sim.policy_adapter import AdapterSettings, ProductionPolicy, at
 from slurm_elastic.slurm.runner import CommandResult, classify
 from slurm_elastic.store import SqlStore
+from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState
 from tests.policy_text import UNIT, policy_text
+from tests.unit.policy_builders import NOW, cfg, job, make_input, node, pending, unit, util
 from tests.unit.slurm_replay import SCENARIO_DIR, read_recording
 from tests.unit.storehelpers import FakeClock, memory_store
-from tests.unit.test_policy_input_paths import GPUS, INTERVAL, Recorder, Recording, ReplayAgents, ReplaySlurm
+from tests.unit.test_policy_input_paths import (
+    GPUS,
+    INTERVAL,
+    Recorder,
+    Recording,
+    ReplayAgents,
+    ReplaySlurm,
+    record_run,
+)
 
 POLICY = parse_config(policy_text(UNIT, window_s=60, scale_down_below=40, scale_up_above=80, shrink_to_admit=False,
                                   cooldown_s=30, grace_s=90, max_metric_age_s=120))
 #: Per cycle: job a (2 nodes) in band, job b (1 node) busy; n4's power state (sim/power.py).
-#: Six cycles: b's grow onto the powered-down n3 fails at the third, the back-off holds it at the fourth, n3 boots
-#: at the fifth (for someone else) and b grows again at the sixth (a second failed grow would differ in the history:
-#: the simulator keeps a unit's last resize, the controller the day's).
-UTIL_A = (0.5,) * 6
-UTIL_B = (0.95,) * 6
-POWER = ("off", "off", "off", "off", "booting", "on")
+#: Ten cycles: b's grow onto the powered-down n3 fails at the third, the back-off holds it at the fourth, n3 boots
+#: at the fifth (for someone else) and b grows again at the sixth; that grow fails too, the back-off (doubled) holds
+#: b for three cycles with two failed grows in its history (both paths keep every resize of the day, not only a
+#: unit's last: sim/journal.py), and b grows a third time at the tenth.
+UTIL_A = (0.5,) * 10
+UTIL_B = (0.95,) * 10
+POWER = ("off", "off", "off", "off", "booting", "on", "on", "on", "on", "on")
 
 
 def _view(job_id: str, nodes: tuple[int, ...], util: float) -> JobView:
@@ -58,18 +73,8 @@ def _cluster(now: float, util_a: float, util_b: float, power: str) -> SimCluster
 
 
 def _record(monkeypatch: pytest.MonkeyPatch) -> Recording:
-    rec = Recorder()
-    monkeypatch.setattr(adapter, "decide", rec)
-    policy = ProductionPolicy(POLICY, SimConfig(num_nodes=4, gpus_per_node=GPUS, interval=INTERVAL, start_delay=0.0),
-                              AdapterSettings())
-    times = tuple(INTERVAL * (i + 1) for i in range(len(UTIL_A)))
-    for now, ua, ub, power in zip(times, UTIL_A, UTIL_B, POWER, strict=True):
-        policy(_cluster(now, ua, ub, power), now)
-    ids = {trace: policy._ids[trace] for trace in ("a", "b")}
-    util = tuple({ids["a"]: 100.0 * ua, ids["b"]: 100.0 * ub} for ua, ub in zip(UTIL_A, UTIL_B, strict=True))
-    in_use = tuple({ids["a"]: round(2 * GPUS * ua), ids["b"]: round(GPUS * ub)}
-                   for ua, ub in zip(UTIL_A, UTIL_B, strict=True))
-    return Recording(times, tuple(i.snapshot for i in rec.inputs), util, in_use, rec)
+    return record_run(monkeypatch, POLICY, lambda i, now: _cluster(now, UTIL_A[i], UTIL_B[i], POWER[i]), UTIL_A,
+                      UTIL_B)
 
 
 def _recorded_refusal() -> CommandResult:
@@ -122,10 +127,13 @@ def test_a_failed_grow_and_a_cold_node_give_the_same_input_and_decisions_in_the_
     b = rec.sim.inputs[0].units[1].unit_id
     assert [next((str(d.action), str(d.reason)) for d in ds if d.unit_id == b) for ds in rec.sim.decisions] == [
         ("hold", "WINDOW_NOT_FILLED"), ("hold", "WINDOW_NOT_FILLED"), ("grow", "OVERUTILIZED"),
-        ("hold", "GROW_BACKOFF"), ("hold", "NO_FREE_NODES"), ("grow", "OVERUTILIZED")]
+        ("hold", "GROW_BACKOFF"), ("hold", "NO_FREE_NODES"), ("grow", "OVERUTILIZED"), *[("hold", "GROW_BACKOFF")] * 3,
+        ("grow", "OVERUTILIZED")]
+    assert [[(h.unit_id, str(h.action), str(h.outcome)) for h in inp.history] for inp in rec.sim.inputs[5:7]] == [
+        [(b, "grow", "failed")], [(b, "grow", "failed")] * 2]
     grow = next(d for d in rec.sim.decisions[2] if d.unit_id == b)
     assert "powered-down node(s) for Slurm to resume: n3" in grow.message  # the power walk, in both
-    assert [c for c in calls if c[0] == "submit_as"] == [("submit_as", "sim")] * 2  # refused twice
+    assert [c for c in calls if c[0] == "submit_as"] == [("submit_as", "sim")] * 3  # refused three times
     assert [e.failure for e in rec.sim.inputs[3].extension_ends] == ["GROW_REFUSED"]
     assert rec.sim.inputs[-1].power.resume_s == ctl.inputs[-1].power.resume_s == {"n3": INTERVAL}
 
@@ -185,3 +193,31 @@ def test_a_waiting_moldable_job_enters_the_round_plan_at_its_min_in_the_controll
     admits = [d for ds in rec.sim.decisions for d in ds if d.shrink is not None and c in d.shrink.admits]
     assert [(d.current_nodes, d.target_nodes) for d in admits] == [(2, 1), (2, 1)], admits
     assert all(d.inputs["plan_nodes"] == 1 and d.inputs["admit_share"] == 2 for d in admits)
+def test_the_simulators_journal_keeps_the_days_resizes_as_the_controller_reads_them() -> None:
+    """A shrink-to-admit (a real decision), applied: the simulator's journal gives the records the controller's
+    journal row of that action gives (one per admitted job, with its basis). A later grow does not replace it
+    (admit_victim_interval_s reads a unit's last shrink-to-admit, not its last resize); a day after it was
+    decided it is gone, as from the controller's read of the last day, and so is an ended unit's history."""
+    u = unit(job(100, nodes=("n1", "n2", "n3", "n4"), priority=10))
+    inp = make_input([u], [node(n, used=4) for n in ("n1", "n2", "n3", "n4")],
+                     pending_jobs=[pending(900, count=1, priority=100)], utils=[util(100, 60)])
+    (d,) = decide(inp, cfg(shrink_to_admit=True), NOW)
+    assert d.reason is Reason.SHRINK_TO_ADMIT and d.shrink is not None
+    later = NOW + timedelta(seconds=d.grace_s)
+    journal = SimJournal()
+    SimJournal.settle(journal.record(d, NOW), Outcome.APPLIED, later)
+    row = ActionRecord(id=1, job_id=100, kind=ActionKind.SHRINK, idempotency_key="shrink:100:1",
+                       params={"from": d.current_nodes, "to": d.target_nodes, "reason": str(d.reason),
+                               **d.shrink.to_dict()},
+                       state=ActionState.APPLIED, message="", transient=False, attempts=1, nodes=1, gpus=4,
+                       decision_id=None, cycle_id=None, fencing_epoch=None, created_at=NOW, updated_at=later,
+                       finished_at=later)
+    assert journal.history(later) == resize_history([row], {100: u})
+    assert [(r.for_job, r.admit_basis is not None) for r in journal.history(later)] == [(900, True)]
+    grow = replace(d, action=Action.GROW, reason=Reason.OVERUTILIZED, current_nodes=3, target_nodes=4, shrink=None)
+    journal.record(grow, NOW + timedelta(hours=1))
+    assert [(str(r.action), r.for_job) for r in journal.history(NOW + timedelta(hours=1))] == [
+        ("shrink", 900), ("grow", None)]
+    assert [str(r.action) for r in journal.history(NOW + HISTORY_SPAN + timedelta(seconds=1))] == ["grow"]
+    journal.forget(100)
+    assert journal.history(NOW + HISTORY_SPAN) == ()

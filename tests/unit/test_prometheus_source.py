@@ -252,8 +252,8 @@ def test_the_daemon_picks_prometheus_without_an_agent_key(tmp_path: Path) -> Non
     cfg = config(f'kind = "prometheus"\nurl = "http://prom:9090"\ntoken_file = "{token}"')
     collector = build_collector(cfg)
     assert isinstance(collector, PrometheusSource) and collector._headers["Authorization"].endswith("0123")
-    with pytest.raises(ConfigError, match="agents.key_file is required"):
-        build_collector(parse_controller_config("version = 1\n"))
+    with pytest.raises(ConfigError, match=r"agents\.key_file: key file .*none\.key does not exist"):
+        build_collector(parse_controller_config(f'version = 1\n[agents]\nkey_file = "{tmp_path / "none.key"}"\n'))
 
 
 # --- controller cycles on the Prometheus source ----------------------------------------------------------------------
