@@ -5,7 +5,7 @@ baseline of this run): rigid at fixed batch, rigid with each job co-adapting its
 elastic at fixed batch and elastic with adaptive batch, both elastic arms under the same production policy
 (``slurm_elastic.policy.decide`` through the simulator's adapter). Opted-in jobs publish goodput, so the
 policy's throughput-based rules (``speedup_growth``, ``goodput``) rank their grows and shrinks by goodput gain.
-Per job (the issue-27 columns): each job's JCT over its JCT in the rigid, fixed-batch run, both floored at 10
+Per job: each job's JCT over its JCT in the rigid, fixed-batch run, both floored at 10
 minutes (sim/metrics.py ``slowdown``): the share of jobs later by > 1.25x and > 2x, and the worst.
 Prints Markdown (docs/performance.md, "Adaptive batch size").
 

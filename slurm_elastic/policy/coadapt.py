@@ -1,4 +1,4 @@
-"""Batch size in the plan (issue 27 item 3): an opted-in unit's speed at each size is the goodput of the batch it
+"""Batch size in the plan: an opted-in unit's speed at each size is the goodput of the batch it
 would use at that size (Pollux's co-adaptation, OSDI'21 section 4.1: the allocator values an allocation by the
 goodput of the best batch plan for it, not by the throughput at the job's current batch).
 
@@ -20,13 +20,13 @@ unit. Putting the curve under rho as well was measured and lost on the mean (doc
 the plan"): the model's better scaling at the request shortens the rigid-equivalent, more units count as
 behind their rigid pace, fewer are victims, and arrivals wait longer.
 
-Pure; goodput is memoized per (state, size) (the state is immutable), so a unit costs its sizes once.
+Pure (no cache across calls): a unit costs one batch-plan search per size up to what the plan may give it, and
+only units that opted in have a curve.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
 
 from slurm_elastic.batchsize import AdaptiveState, goodput_at
 from slurm_elastic.policy.fairness import Fairness, SpeedModel
@@ -46,7 +46,6 @@ def gpus_per_node(util: JobUtilization, current: int) -> int:
     return 0
 
 
-@lru_cache(maxsize=8192)
 def _goodput(state: AdaptiveState, nodes: int, per_node: int) -> float:
     plan = goodput_at(state, nodes, per_node)
     return plan.goodput if plan is not None and plan.goodput > 0 else 0.0

@@ -1,4 +1,4 @@
-"""Batch size in the plan (issue 27 item 3): opted-in units are valued by goodput at the batch they would use."""
+"""Batch size in the plan: opted-in units are valued by goodput at the batch they would use."""
 
 from __future__ import annotations
 
