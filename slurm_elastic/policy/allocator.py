@@ -33,6 +33,7 @@ import heapq
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
+from slurm_elastic.policy.coadapt import coadapted
 from slurm_elastic.policy.config import UnitSettings
 from slurm_elastic.policy.fairness import MIN_HORIZON_S, Fairness, SpeedModel, fairness_value, finish_fairness
 from slurm_elastic.policy.model import JobUtilization
@@ -71,13 +72,16 @@ def assess(works: Iterable[UnitWork], ctx: Context) -> None:
         f = finish_fairness(w.unit, speed_model(w, s, util, ctx), ctx.now, restart)
         if f is None:
             continue
+        source = f.speeds.source  # what rho rests on
+        f, by_goodput = coadapted(f, util, w.current + max(0, w.want))  # opted-in: sizes valued by goodput
         w.fairness = f
         w.inputs.update({
             "rho": round(f.rho, 3),
             "rigid_jct_s": round(f.rigid_jct_s, 1),
             "projected_jct_s": round(f.projected_jct_s, 1),
             "remaining_s.source": f.remaining_source,
-            "speed_source": f.speeds.source,
+            "speed_source": source,
+            "plan_speed_source": "goodput model (co-adapted batch)" if by_goodput else source,
             "fairness_max_rho": ctx.cfg.fairness_max_rho,
         })
         if f.rho > PROTECT_ABOVE:
