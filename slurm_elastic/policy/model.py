@@ -71,8 +71,10 @@ class ElasticUnit:
 
     ``molded_request`` is the node count a *molded* job asked for (moldable start began it on fewer,
     policy/moldable.py), None for a job that started at its request: the size it grows back to first
-    (MOLDED_REGROW, policy/regrow.py) and the size its finish-time fairness is measured against. The controller
-    reads it from the journal's mold action, the simulator from the job it molded.
+    (MOLDED_REGROW, policy/regrow.py). Its finish-time fairness stays measured against ``requested_nodes`` (the
+    size it started with): against the request it was measured and lost (docs/performance.md, "Molded jobs
+    growing back"). The controller reads it from the journal's mold action, the simulator from the job it
+    molded.
     """
 
     job: Job
