@@ -9,6 +9,7 @@ Prints Markdown (docs/performance.md, "Fairness").
 
     .venv/bin/python bench/sim_fairness.py [--sets workloads,workloads-0.5,workloads-1.5] [--workloads 1-8]
         [--schedulers greedy,backfill] [--set KEY=VALUE ...]   (extra policy keys for the allocator column)
+        [--worst N]   (each row's N latest jobs against rigid, and why: molded, waits, the GPU counts it ran at)
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from slurm_elastic.policy import PolicyConfig, config_from_mapping  # noqa: E402
 from slurm_elastic.sim.config import SimConfig  # noqa: E402
 from slurm_elastic.sim.loaders import load_workload  # noqa: E402
-from slurm_elastic.sim.metrics import slowdown, summarize  # noqa: E402
+from slurm_elastic.sim.metrics import SLOWDOWN_FLOOR_S, slowdown, summarize  # noqa: E402
 from slurm_elastic.sim.perfmodel.factory import build_models  # noqa: E402
 from slurm_elastic.sim.policy_adapter import ProductionPolicy  # noqa: E402
 from slurm_elastic.sim.run import simulate_one  # noqa: E402
@@ -48,6 +49,21 @@ def _row(label: str, b: Any, e: Any, sd: Any) -> str:
             f"| {e.stranded_gpus:.2f} |")
 
 
+def _worst(rigid: Any, run: Any, n: int) -> str:
+    """The ``n`` jobs of ``run`` latest against ``rigid`` (10-minute floor, as ``slowdown``), one line each."""
+    base = {j.job_id: j for j in rigid.jobs}
+    floor = SLOWDOWN_FLOOR_S
+    ranked = sorted(run.jobs, key=lambda j: -max(j.jct, floor) / max(base[j.job_id].jct, floor))[:n]
+    lines = []
+    for j in ranked:
+        r = base[j.job_id]
+        lines.append(f"    {max(j.jct, floor) / max(r.jct, floor):.2f}x {j.job_id} ({j.requested_gpus} GPUs"
+                     f"{', molded' if j.molded else ''}): rigid waited {r.wait:.0f}s, "
+                     f"ran {r.end_time - r.start_time:.0f}s;"
+                     f" elastic waited {j.wait:.0f}s, ran {j.end_time - j.start_time:.0f}s at {list(j.gpus_seen)} GPUs")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sets", default="workloads")
@@ -55,6 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--schedulers", default="greedy,backfill")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--policies", default="walk,allocator", help="the columns to run (walk, allocator, or both)")
+    ap.add_argument("--worst", type=int, default=0, metavar="N",
+                    help="under each row, its N latest jobs against rigid: GPUs asked, molded, waits and run "
+                    "times in both runs, and the GPU counts it ran at")
     args = ap.parse_args(argv)
     extra = {k: tomllib.loads(f"v = {v}")["v"] for k, v in (s.split("=", 1) for s in args.set)}
     walk: PolicyConfig = config_from_mapping({"version": 1})
@@ -77,6 +96,8 @@ def main(argv: list[str] | None = None) -> None:
                     sim = SimConfig(16, 4, scheduler=sched, moldable_start=True)  # type: ignore[arg-type]
                     run = simulate_one(workload, sim, models, policy=ProductionPolicy(cfg, sim))
                     print(_row(f"{wset}/{n} {label}", b, summarize(run), slowdown(rigid, run)), flush=True)
+                    if args.worst:
+                        print(_worst(rigid, run, args.worst), flush=True)
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 

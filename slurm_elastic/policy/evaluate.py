@@ -15,6 +15,7 @@ from slurm_elastic.policy.config import UnitSettings
 from slurm_elastic.policy.goodput_trade import node_value
 from slurm_elastic.policy.model import ElasticUnit, JobUtilization, Scalar
 from slurm_elastic.policy.reasons import Action, Basis, Reason
+from slurm_elastic.policy.regrow import regrow_message, regrow_target
 from slurm_elastic.policy.serving import serving_call
 from slurm_elastic.policy.signals import restart_gain_s, scaling, utilization_gate
 from slurm_elastic.policy.speedup import efficiency_of, grow_gain, model_speedup, speedup_from_efficiency
@@ -156,6 +157,14 @@ def _intent(w: UnitWork, s: UnitSettings, ctx: Context) -> None:
                      current - unit.max_nodes)
         return
     util = ctx.utilization.get(unit.unit_id)
+    regrow = regrow_target(unit)
+    if regrow is not None:  # a molded unit below its request: no metrics needed (policy/regrow.py)
+        w.inputs["molded_request"] = unit.molded_request
+        w.inputs["running_s"] = round(age, 1)
+        _grow_checks(w, s, ctx, util=util, reason=Reason.MOLDED_REGROW, msg=regrow_message(unit, regrow),
+                     basis=Basis.BOUNDS, want=regrow - current, efficiency=1.0)
+        w.molded_regrow = w.action is Action.GROW
+        return
     if current < unit.min_nodes:
         _grow_checks(w, s, ctx, util=util, reason=Reason.BELOW_MIN, msg=f"{current} nodes < min {unit.min_nodes}",
                      basis=Basis.BOUNDS, want=unit.min_nodes - current, efficiency=1.0)

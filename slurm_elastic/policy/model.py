@@ -68,6 +68,13 @@ class ElasticUnit:
     run below that size since it started, ``attained_gpu_s`` the GPU-seconds it has held since it started (its
     attained service). The controller derives them from its resize journal (:func:`unit_progress`), the
     simulator from its own clock.
+
+    ``molded_request`` is the node count a *molded* job asked for (moldable start began it on fewer,
+    policy/moldable.py), None for a job that started at its request: the size it grows back to first
+    (MOLDED_REGROW, policy/regrow.py). Its finish-time fairness stays measured against ``requested_nodes`` (the
+    size it started with): against the request it was measured and lost (docs/performance.md, "Molded jobs
+    growing back"). The controller reads it from the journal's mold action, the simulator from the job it
+    molded.
     """
 
     job: Job
@@ -78,6 +85,7 @@ class ElasticUnit:
     requested_nodes: int | None = None
     shrunk_s: float | None = None
     attained_gpu_s: float | None = None
+    molded_request: int | None = None
 
     @property
     def unit_id(self) -> int:

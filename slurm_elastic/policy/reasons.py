@@ -76,6 +76,7 @@ class Reason(enum.StrEnum):
     GOODPUT_MOVE = "GOODPUT_MOVE"
     # moldable start of a pending elastic job, behind moldable_start (policy/moldable.py)
     MOLDABLE_START = "MOLDABLE_START"
+    MOLDED_REGROW = "MOLDED_REGROW"  # grow: a molded unit back toward its request (policy/regrow.py)
     # serving units (#ELASTIC --serving)
     SLO_AT_RISK = "SLO_AT_RISK"
     SLO_PEAK_AHEAD = "SLO_PEAK_AHEAD"
@@ -155,6 +156,9 @@ REASON_DOCS: dict[Reason, str] = {
     Reason.MOLDABLE_START: "mold (moldable_start): a pending elastic job that cannot start at its request, "
     "but whose min fits the free whole nodes, is reshaped (scontrol update NumNodes=size-request) to start now on "
     "them; its time limit grows by request / size and it keeps its request as its max, so it grows back",
+    Reason.MOLDED_REGROW: "grow: a unit that moldable start began below its request grows back toward it "
+    "after the startup hold, whatever its utilization or predicted speedup says (rigid Slurm would have given it "
+    "those nodes); walked at its priority like the waiting job it was, ahead of every other training grow",
     Reason.SLO_AT_RISK: "grow (serving): the short window's p99 latency or load per replica is above "
     "serving_risk_percent of the objective; scales out at once, ahead of pending jobs and training grows, "
     "reclaiming training nodes above their min when no node is free",

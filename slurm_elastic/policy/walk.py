@@ -142,9 +142,13 @@ class Walk(PendingSteps, GrantSteps):
             self._plan([item for _, item in events if isinstance(item, Job)])
         # speedup_growth: those grows go by their saving among themselves, all after the pending jobs of priority
         # >= the lowest of them, so that they share only nodes no such pending job can use (the spare nodes)
-        by_gain = [w for w in self.works if w.action is Action.GROW and not w.tail_regrow
+        by_gain = [w for w in self.works if w.action is Action.GROW and not w.tail_regrow and not w.molded_regrow
                    and (w.gain_s is not None or w.plan_value is not None)]
-        floor = min((w.priority for w in by_gain), default=0)
+        # MOLDED_REGROW (policy/regrow.py): a molded unit takes free nodes at its priority like the waiting job it
+        # was (after the waiting jobs of equal priority), and every other training grow waits for the regrows
+        regrows = [w.priority for w in self.works if w.action is Action.GROW and w.molded_regrow]
+        cap = min(regrows, default=1 << 62)
+        floor = min(min((w.priority for w in by_gain), default=0), cap)
         for w in self.works:
             if w.action is not Action.GROW:
                 continue
@@ -152,12 +156,14 @@ class Walk(PendingSteps, GrantSteps):
                 events.append(((-(1 << 62) - 1, 0, w.unit_id), w))
             elif w.tail_regrow:  # a tail_protection regrow goes first, ahead of pending jobs
                 events.append(((-(1 << 62), 0, w.unit_id), w))
-            elif w.plan_value is not None:  # allocator: by the objective, after the pending jobs like by_gain
-                events.append(((-floor, 1, *grow_key(w)), w))
-            elif w.gain_s is not None:
-                events.append(((-floor, 1, -w.gain_s, w.unit_id), w))
-            else:
+            elif w.molded_regrow:
                 events.append(((-w.priority, 1, w.unit_id), w))
+            elif w.plan_value is not None:  # allocator: by the objective, after the pending jobs like by_gain
+                events.append(((-floor, 2, *grow_key(w)), w))
+            elif w.gain_s is not None:
+                events.append(((-floor, 2, -w.gain_s, w.unit_id), w))
+            else:
+                events.append(((-min(w.priority, cap), 2, -w.priority, w.unit_id), w))
         events.sort(key=lambda e: e[0])
         for _, item in events:
             if isinstance(item, Job):

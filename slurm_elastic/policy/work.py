@@ -60,6 +60,7 @@ class UnitWork:
     final: Reason | None = None  # hold reason set by the walk
     tail_protected: bool = False  # tail_protection: shrunk too long, no longer a victim
     tail_regrow: bool = False  # its grow intent is a SHRUNK_TOO_LONG regrow (walked first)
+    molded_regrow: bool = False  # its grow intent is a MOLDED_REGROW (policy/regrow.py)
     spared_for: tuple[int, int] | None = None  # (pending job, priority) it would have been shrunk for
     serving: bool = False  # a serving unit: its grows go first and may reclaim training surplus
     serving_for: list[int] = field(default_factory=list)  # serving units it gives nodes back to

@@ -139,6 +139,7 @@ class _Unit:
     time_limit_added_s: int = 0  # added by shrinks, not given back by grows (what the controller's store keeps)
     shrunk_s: float = 0.0  # seconds run below start_nodes (tail_protection)
     attained_gpu_s: float = 0.0  # GPU-seconds held since it started (victim_by_service)
+    molded_request: int | None = None  # moldable start began it on fewer GPUs: the whole nodes it asked for
 
 
 @dataclass
@@ -260,11 +261,13 @@ class ProductionPolicy:
         lo, hi = job_bounds(self.settings, view.requested_gpus, view.num_nodes, self.sim.gpus_per_node,
                             engine=(view.min_nodes, view.max_nodes))
         start = view.start_time if view.start_time is not None else 0.0
+        g = self.sim.gpus_per_node
+        molded = -(-view.requested_gpus // g) if view.num_gpus < view.requested_gpus else None
         return _Unit(
             job_id=job_id, spec=ElasticSpec(min_nodes=lo, max_nodes=hi, explicit=frozenset({"min_nodes", "max_nodes"})),
             start_nodes=view.num_nodes,
             priority=age_priority(start - view.submit_time), leader=[node_name(n) for n in view.nodes],
-            nodes=view.nodes, last_t=start,
+            nodes=view.nodes, last_t=start, molded_request=molded,
         )
 
     def _reconcile(self, unit: _Unit, view: JobView) -> None:
@@ -357,7 +360,8 @@ class ProductionPolicy:
             jobs.extend(e.job for e in state.exts)
             unit = ElasticUnit(state.leader_job, state.spec, exts,  # max is explicit: no submitted_nodes
                                time_limit_added_s=state.time_limit_added_s, requested_nodes=state.start_nodes,
-                               shrunk_s=state.shrunk_s, attained_gpu_s=state.attained_gpu_s)
+                               shrunk_s=state.shrunk_s, attained_gpu_s=state.attained_gpu_s,
+                               molded_request=state.molded_request)
             units.append(unit)
             since = builder.reads(unit).since
             while state.samples and state.samples[0].time < since:

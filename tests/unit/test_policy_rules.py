@@ -106,6 +106,12 @@ def tail_regrow() -> tuple[PolicyInput, PolicyConfig]:
     return make_input([u], nodes(5, busy=["n1"]), utils=[util(100, 60)]), cfg(tail_protection=True)
 
 
+def molded_regrow() -> tuple[PolicyInput, PolicyConfig]:
+    # molded to 1 of the 3 nodes it asked for 400 s ago: back to 3 without metrics (policy/regrow.py)
+    u = replace(unit(job(100, nodes=("n1",), started_ago=400)), molded_request=3, requested_nodes=1)
+    return make_input([u], nodes(5, busy=["n1"])), cfg()
+
+
 def tail_protected() -> tuple[PolicyInput, PolicyConfig]:
     # the admit case, but the unit has run shrunk for 4000 of its 7200 s: the pending job waits
     u = replace(unit(job(100, nodes=("n1", "n2", "n3"), priority=100, started_ago=7200)), requested_nodes=3,
@@ -240,6 +246,8 @@ CASES: list[Case] = [
          basis=Basis.QUEUE, target=1),
     Case(Reason.SHRUNK_TOO_LONG, Action.GROW, tail_regrow, "shrunk 3600s of its 7200s life (50% > "
          "max_shrunk_share 30%): back to its requested 3 node(s) first", basis=Basis.UTILIZATION, target=3),
+    Case(Reason.MOLDED_REGROW, Action.GROW, molded_regrow, "molded: started below its request of 3 node(s), runs "
+         "on 1; back to 3 first", basis=Basis.BOUNDS, target=3),
     Case(Reason.TAIL_PROTECTED, Action.HOLD, tail_protected, "not shrunk to admit pending job 900 (priority 5000 > "
          "100): shrunk 4000s of its 7200s life (56% > max_shrunk_share 30%) (tail_protection); otherwise IN_BAND",
          basis=Basis.QUEUE),
