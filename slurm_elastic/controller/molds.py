@@ -46,7 +46,8 @@ class Molds:
 
     # --- the molded unit ---------------------------------------------------------------------------------------
     def apply(self, built: UnitsResult, known: Sequence[ElasticJobRecord]) -> UnitsResult:
-        """The units, a molded one with its request as its max (unless ``--max-nodes`` says otherwise); a molded
+        """The units, a molded one with its request as ``molded_request`` and as its max (unless ``--max-nodes``
+        says otherwise: then only ``molded_request``, the size it grows back to first, policy/regrow.py); a molded
         unit seen running for the first time has its mold's added minutes counted (``known``: the records of
         the jobs seen before this cycle)."""
         live = {u.unit_id for u in built.units}
@@ -61,8 +62,12 @@ class Molds:
         units: list[ElasticUnit] = []
         for u in built.units:
             request = self._requests[u.unit_id]
-            units.append(u if request is None or u.spec.max_nodes is not None
-                         else replace(u, submitted_nodes=max(request, u.leader_nodes)))
+            if request is None:
+                units.append(u)
+            elif u.spec.max_nodes is not None:
+                units.append(replace(u, molded_request=request))
+            else:
+                units.append(replace(u, submitted_nodes=max(request, u.leader_nodes), molded_request=request))
         return replace(built, units=tuple(units))
 
     def _molded_request(self, action: ActionRecord | None, unit_id: int, *, first_seen: bool) -> int | None:

@@ -39,6 +39,8 @@ def test_a_waiting_elastic_job_is_molded_starts_smaller_and_grows_back_to_its_re
     grows = [(g.params["from"], g.params["to"]) for g in r.store.journal.list_actions(job_id=waiting)
              if g.kind == ActionKind.GROW]
     assert grows == [(2, 4)]
+    [grow] = [g for g in r.store.decisions.list_decisions(DecisionFilter(job_id=waiting, action="grow"))]
+    assert grow.reason == "MOLDED_REGROW" and grow.inputs["molded_request"] == 4
     (submit,) = r.runner.ran("runuser")
     assert "--nodes=2" in submit
     # the grow gives back what the mold added: remaining x (1 - 2/4), in whole minutes, a little under 30
