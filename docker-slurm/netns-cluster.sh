@@ -41,6 +41,9 @@ CTL_ADDR=$NET.1                # slurmctld and slurmdbd (root namespace, on the 
 HOST=$(hostname -s)
 NODELIST="x[1-$NODES]"
 MUNGE_SOCKET=/run/munge/munge.socket.2
+# SlurmctldDebug and SlurmdDebug (default: the default cluster's, info). debug logs step kills and the signals
+# slurmd delivers (the soak's long runs: docs/reliability.md); written at start, so restart to change it.
+DEBUG_LEVEL=${SLURM_ELASTIC_NETNS_DEBUG:-}
 export SLURM_CONF="$ROOT/etc/slurm.conf"
 DAEMON_ROOTDIR=/  # this cluster's daemons: host processes with our SLURM_CONF (daemon-lib.sh)
 # shellcheck source=docker-slurm/daemon-lib.sh
@@ -165,6 +168,13 @@ make_dirs() {
 write_config() {
   local etc=$ROOT/etc n
   [ -f "$SHARED_ROOT/etc/slurm.conf" ] || die "needs the default cluster: run docker-slurm/cluster.sh start first"
+  local debug=()
+  case "$DEBUG_LEVEL" in
+    '') ;;
+    quiet|fatal|error|info|verbose|debug|debug2|debug3|debug4|debug5)
+      debug=(-e "s|^SlurmctldDebug=.*|SlurmctldDebug=$DEBUG_LEVEL|" -e "s|^SlurmdDebug=.*|SlurmdDebug=$DEBUG_LEVEL|") ;;
+    *) die "SLURM_ELASTIC_NETNS_DEBUG=$DEBUG_LEVEL: not a Slurm debug level (info, verbose, debug, debug2..debug5)" ;;
+  esac
   # The default cluster's configuration with this cluster's name, addresses, ports, paths and short timeouts
   # (a cut node is NOT_RESPONDING after ~SlurmdTimeout/3 and DOWN after SlurmdTimeout).
   sed -e "s|^ClusterName=.*|ClusterName=$CLUSTER_NAME|" \
@@ -177,6 +187,7 @@ write_config() {
       -e "s|$SHARED_ROOT/|$ROOT/|g" \
       -e '/^NodeName=/d' -e '/^PartitionName=/d' -e '/^Suspend[A-Za-z]*=/d' -e '/^Resume[A-Za-z]*=/d' \
       -e '/^DebugFlags=Power/d' \
+      "${debug[@]}" \
       "$SHARED_ROOT/etc/slurm.conf" > "$etc/slurm.conf.tmp"
   {
     echo "TCPTimeout=2"
