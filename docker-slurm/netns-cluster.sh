@@ -42,8 +42,10 @@ HOST=$(hostname -s)
 NODELIST="x[1-$NODES]"
 MUNGE_SOCKET=/run/munge/munge.socket.2
 # SlurmctldDebug and SlurmdDebug (default: the default cluster's, info). debug logs step kills and the signals
-# slurmd delivers (the soak's long runs: docs/reliability.md); written at start, so restart to change it.
+# slurmd delivers (the soak's long runs: docs/reliability.md); SLURM_ELASTIC_NETNS_DEBUG_FLAGS: slurmctld's DebugFlags
+# (Steps logs every step cancel with its sender's uid). Written at start, so restart to change them.
 DEBUG_LEVEL=${SLURM_ELASTIC_NETNS_DEBUG:-}
+DEBUG_FLAGS=${SLURM_ELASTIC_NETNS_DEBUG_FLAGS:-}
 export SLURM_CONF="$ROOT/etc/slurm.conf"
 DAEMON_ROOTDIR=/  # this cluster's daemons: host processes with our SLURM_CONF (daemon-lib.sh)
 # shellcheck source=docker-slurm/daemon-lib.sh
@@ -175,6 +177,7 @@ write_config() {
       debug=(-e "s|^SlurmctldDebug=.*|SlurmctldDebug=$DEBUG_LEVEL|" -e "s|^SlurmdDebug=.*|SlurmdDebug=$DEBUG_LEVEL|") ;;
     *) die "SLURM_ELASTIC_NETNS_DEBUG=$DEBUG_LEVEL: not a Slurm debug level (info, verbose, debug, debug2..debug5)" ;;
   esac
+  [[ $DEBUG_FLAGS =~ ^[A-Za-z,]*$ ]] || die "SLURM_ELASTIC_NETNS_DEBUG_FLAGS=$DEBUG_FLAGS: a comma-separated list of names"
   # The default cluster's configuration with this cluster's name, addresses, ports, paths and short timeouts
   # (a cut node is NOT_RESPONDING after ~SlurmdTimeout/3 and DOWN after SlurmdTimeout).
   sed -e "s|^ClusterName=.*|ClusterName=$CLUSTER_NAME|" \
@@ -191,6 +194,7 @@ write_config() {
       "$SHARED_ROOT/etc/slurm.conf" > "$etc/slurm.conf.tmp"
   {
     echo "TCPTimeout=2"
+    [ -z "$DEBUG_FLAGS" ] || echo "DebugFlags=$DEBUG_FLAGS"
     for n in $(node_names); do
       echo "NodeName=$n NodeHostname=$HOST NodeAddr=$(node_addr "$n") Port=$SLURMD_PORT CPUs=8 RealMemory=8000" \
            "Gres=gpu:$GPUS_PER_NODE,mps:$((GPUS_PER_NODE * 100)) State=UNKNOWN"
