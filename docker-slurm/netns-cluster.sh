@@ -89,8 +89,21 @@ make_network() {
   ip addr replace "$CTL_ADDR/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   local n
-  for n in $(node_names); do make_ns "se-$n" "$(node_addr "$n")"; done
+  for n in $(node_names); do make_ns "se-$n" "$(node_addr "$n")"; port_range "$n"; done
   make_ns se-ctl "$NET.2"
+}
+
+# Every node's processes share this host's name (NodeHostname), so an srun reports that name as its host and
+# slurmctld sends each srun's messages (SRUN_JOB_COMPLETE when its job ends, SRUN_PING, ...) to the first node
+# with that hostname, x1, at the srun's port: whichever srun listens on that port in x1's namespace gets another
+# job's message (seen in the soak: a leader's srun on x1 took an ending extension's SRUN_JOB_COMPLETE for its own,
+# aborted and killed its step; docs/reliability.md). Disjoint ephemeral port ranges per node namespace keep an srun
+# on another node from ever sharing a port with one on x1, so such a message finds no listener, as on a cluster whose
+# nodes have their own names.
+port_range() {  # node
+  local k=${1#x} span=$((40000 / NODES))
+  ((span <= 7000)) || span=7000
+  in_ns "se-$1" sysctl -q -w net.ipv4.ip_local_port_range="$((20000 + (k - 1) * span)) $((20000 + k * span - 1))"
 }
 
 remove_network() {
