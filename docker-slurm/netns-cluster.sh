@@ -41,6 +41,11 @@ CTL_ADDR=$NET.1                # slurmctld and slurmdbd (root namespace, on the 
 HOST=$(hostname -s)
 NODELIST="x[1-$NODES]"
 MUNGE_SOCKET=/run/munge/munge.socket.2
+# SlurmctldDebug and SlurmdDebug (default: the default cluster's, info). debug logs step kills and the signals
+# slurmd delivers (the soak's long runs: docs/reliability.md); SLURM_ELASTIC_NETNS_DEBUG_FLAGS: slurmctld's DebugFlags
+# (Steps logs every step cancel with its sender's uid). Written at start, so restart to change them.
+DEBUG_LEVEL=${SLURM_ELASTIC_NETNS_DEBUG:-}
+DEBUG_FLAGS=${SLURM_ELASTIC_NETNS_DEBUG_FLAGS:-}
 export SLURM_CONF="$ROOT/etc/slurm.conf"
 DAEMON_ROOTDIR=/  # this cluster's daemons: host processes with our SLURM_CONF (daemon-lib.sh)
 # shellcheck source=docker-slurm/daemon-lib.sh
@@ -84,8 +89,21 @@ make_network() {
   ip addr replace "$CTL_ADDR/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   local n
-  for n in $(node_names); do make_ns "se-$n" "$(node_addr "$n")"; done
+  for n in $(node_names); do make_ns "se-$n" "$(node_addr "$n")"; port_range "$n"; done
   make_ns se-ctl "$NET.2"
+}
+
+# Every node's processes share this host's name (NodeHostname), so an srun reports that name as its host and
+# slurmctld sends each srun's messages (SRUN_JOB_COMPLETE when its job ends, SRUN_PING, ...) to the first node
+# with that hostname, x1, at the srun's port: whichever srun listens on that port in x1's namespace gets another
+# job's message (seen in the soak: a leader's srun on x1 took an ending extension's SRUN_JOB_COMPLETE for its own,
+# aborted and killed its step; docs/reliability.md). Disjoint ephemeral port ranges per node namespace keep an srun
+# on another node from ever sharing a port with one on x1, so such a message finds no listener, as on a cluster whose
+# nodes have their own names.
+port_range() {  # node
+  local k=${1#x} span=$((40000 / NODES))
+  ((span <= 7000)) || span=7000
+  in_ns "se-$1" sysctl -q -w net.ipv4.ip_local_port_range="$((20000 + (k - 1) * span)) $((20000 + k * span - 1))"
 }
 
 remove_network() {
@@ -165,6 +183,14 @@ make_dirs() {
 write_config() {
   local etc=$ROOT/etc n
   [ -f "$SHARED_ROOT/etc/slurm.conf" ] || die "needs the default cluster: run docker-slurm/cluster.sh start first"
+  local debug=()
+  case "$DEBUG_LEVEL" in
+    '') ;;
+    quiet|fatal|error|info|verbose|debug|debug2|debug3|debug4|debug5)
+      debug=(-e "s|^SlurmctldDebug=.*|SlurmctldDebug=$DEBUG_LEVEL|" -e "s|^SlurmdDebug=.*|SlurmdDebug=$DEBUG_LEVEL|") ;;
+    *) die "SLURM_ELASTIC_NETNS_DEBUG=$DEBUG_LEVEL: not a Slurm debug level (info, verbose, debug, debug2..debug5)" ;;
+  esac
+  [[ $DEBUG_FLAGS =~ ^[A-Za-z,]*$ ]] || die "SLURM_ELASTIC_NETNS_DEBUG_FLAGS=$DEBUG_FLAGS: a comma-separated list of names"
   # The default cluster's configuration with this cluster's name, addresses, ports, paths and short timeouts
   # (a cut node is NOT_RESPONDING after ~SlurmdTimeout/3 and DOWN after SlurmdTimeout).
   sed -e "s|^ClusterName=.*|ClusterName=$CLUSTER_NAME|" \
@@ -177,9 +203,11 @@ write_config() {
       -e "s|$SHARED_ROOT/|$ROOT/|g" \
       -e '/^NodeName=/d' -e '/^PartitionName=/d' -e '/^Suspend[A-Za-z]*=/d' -e '/^Resume[A-Za-z]*=/d' \
       -e '/^DebugFlags=Power/d' \
+      "${debug[@]}" \
       "$SHARED_ROOT/etc/slurm.conf" > "$etc/slurm.conf.tmp"
   {
     echo "TCPTimeout=2"
+    [ -z "$DEBUG_FLAGS" ] || echo "DebugFlags=$DEBUG_FLAGS"
     for n in $(node_names); do
       echo "NodeName=$n NodeHostname=$HOST NodeAddr=$(node_addr "$n") Port=$SLURMD_PORT CPUs=8 RealMemory=8000" \
            "Gres=gpu:$GPUS_PER_NODE,mps:$((GPUS_PER_NODE * 100)) State=UNKNOWN"

@@ -20,8 +20,9 @@ Which row covers a write on job X, unit L (X is L itself, or one of L's extensio
 * a kill or update of the leader L: any row of L (a shrink's grace signal and release, a grow's give-back of
   time, a mold);
 * a kill or update of extension X: a row of X itself, or a row of L that names X in its parameters (a shrink's
-  ``cancel_extensions``/``shrink_extension``, a cancel's target), L's CANCEL_EXTENSION, or the GROW that made X
-  (a duplicate cancelled by reconcile).
+  ``cancel_extensions``/``shrink_extension``, a ``cancel_extension``'s ``extension_job``: a failed grow's, or one
+  of reconcile's recoveries of a duplicate, an orphan or an extension pending on a dead node). Nothing else: the
+  GROW that made X no longer covers reconcile's cancel of a duplicate, which is journaled on its own now.
 
 Pure functions over text and records; tests/unit/test_soak_audit.py checks them on a log recorded from the
 namespace cluster.
@@ -100,10 +101,7 @@ def _covers(a: ActionRecord, w: SlurmWrite, leader: int, key: str | None) -> boo
         return a.job_id == leader
     if a.job_id == w.job_id:
         return True
-    if a.job_id != leader:
-        return False
-    return (_names(a.params, w.job_id) or a.kind == ActionKind.CANCEL_EXTENSION
-            or (a.kind == ActionKind.GROW and key is not None and a.idempotency_key == key))
+    return a.job_id == leader and _names(a.params, w.job_id)
 
 
 def unjournaled(writes: Iterable[SlurmWrite], actions: Sequence[ActionRecord], leaders: Iterable[int],

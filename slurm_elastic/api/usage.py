@@ -29,8 +29,10 @@ def resize_time(a: ActionRecord) -> str | None:
     if a.kind == ActionKind.GROW:
         joined = a.params.get(JOINED_AT)
         return joined if isinstance(joined, str) else None
-    if a.kind == ActionKind.CANCEL_EXTENSION and a.params.get("failed_grow"):
-        return None  # the extension of a failed grow (controller/cancels.py) never joined: no size change
+    if a.kind == ActionKind.CANCEL_EXTENSION and (a.params.get("failed_grow") or a.params.get("recovery")):
+        # the extension of a failed grow (controller/cancels.py) never joined, and reconcile's recoveries end a
+        # duplicate, an orphan or one pending on a dead node: no size change
+        return None
     return (a.finished_at or a.updated_at).isoformat()
 
 

@@ -40,7 +40,7 @@ from slurm_elastic.slurm.adapter import Molder, ResizeRefusedError, SlurmControl
 from slurm_elastic.slurm.errors import SlurmError, SlurmJobNotFoundError, SlurmTransientError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store.protocols import ActuatorStore
-from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState
+from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, FencingToken
 
 log = logging.getLogger(__name__)
 
@@ -326,10 +326,16 @@ class Actuator:
         return f"; time limit {leader.time_limit_min} -> {new} min (+{add_min}min)"
 
 
-    # --- cancel of a failed grow's extension job (controller/cancels.py) ----------------------------------------
+    # --- cancel of an extension job (controller/cancels.py) -----------------------------------------------------
     def cancel_extension(self, c: CancelExtension, decision_id: int | None, ctx: CycleContext) -> str:
         """Journal, then scancel an extension job whose grow failed before it joined."""
-        return cancel_extension(self.slurm, self.store, c, decision_id=decision_id, ctx=ctx, fault=self.fault)
+        return cancel_extension(self.slurm, self.store, c, decision_id=decision_id, cycle_id=ctx.cycle_id,
+                                token=ctx.token, fault=self.fault)
+
+    def recover_extension(self, c: CancelExtension, token: FencingToken | None) -> str:
+        """Journal, then scancel an extension job for one of reconcile's recoveries (no decision, no cycle)."""
+        return cancel_extension(self.slurm, self.store, c, decision_id=None, cycle_id=None, token=token,
+                                fault=self.fault)
 
     def resolve_cancel(self, action: ActionRecord, snap: ClusterSnapshot) -> str:
         """An open cancel after a crash or a transient refusal: finish it (reconcile)."""

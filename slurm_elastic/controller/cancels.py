@@ -1,23 +1,28 @@
-"""Cancel an extension job whose grow failed before it joined (power.py, coldstart.py): journaled first.
+"""Cancel an extension job, journaled first: one whose grow failed before it joined (power.py, coldstart.py), or one
+of reconcile's recoveries (a duplicate, an orphan, one pending on a dead node: reconcile.py).
 
 Journal an intent ``cancel_extension`` under the key ``cancel:<extension job>`` (one per extension job), mark it
 in progress, ``scancel`` the job, close the extension's record and mark the action applied. A job Slurm no
 longer knows was ended already: applied too. A crash in between leaves an open action that
 :func:`resolve_cancel` (reconcile) finishes: ``scancel`` again while Slurm still holds the job (cancelling twice
-is harmless), else applied. Nothing about the unit's size changes: the extension never joined, so the action
-carries no GPUs (``reclaimed`` counts only what a job gave back) and is no resize in the policy's history.
+is harmless), else applied. The key makes a repeated pass (or a decider asking twice) neither cancel twice nor open
+a second row. Nothing about a running unit's size changes (the extension never joined, or its leader is gone), so
+the action carries no GPUs (``reclaimed`` counts only what a job gave back) and is no resize in the job's usage.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from slurm_elastic.controller.rulings import LIVE_STATES, CancelExtension, CycleContext
+from slurm_elastic.controller.rulings import LIVE_STATES, CancelExtension
 from slurm_elastic.slurm.adapter import SlurmControl
 from slurm_elastic.slurm.errors import SlurmError, SlurmJobNotFoundError, SlurmTransientError
 from slurm_elastic.slurm.model import ClusterSnapshot
 from slurm_elastic.store.protocols import ActuatorStore
-from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState
+from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, FencingToken
+
+#: The outcome of a cancel asked for again (its key is journaled): nothing sent to Slurm.
+ALREADY = "cancel already journaled"
 
 
 def cancel_key(extension_job: int) -> str:
@@ -26,18 +31,19 @@ def cancel_key(extension_job: int) -> str:
 
 
 def cancel_extension(slurm: SlurmControl, store: ActuatorStore, c: CancelExtension, *, decision_id: int | None,
-                     ctx: CycleContext, fault: Callable[[str], None]) -> str:
-    """Journal, then cancel extension job ``c.extension_job``; returns the outcome text."""
+                     cycle_id: int | None, token: FencingToken | None, fault: Callable[[str], None]) -> str:
+    """Journal, then cancel extension job ``c.extension_job``; returns the outcome text (:data:`ALREADY` when its
+    cancel is journaled already: nothing is sent)."""
     key = cancel_key(c.extension_job)
     if store.journal.find_by_idempotency_key(key) is not None:
-        return f"extension job {c.extension_job}: cancel already journaled"
+        return f"extension job {c.extension_job}: {ALREADY}"
+    params: dict[str, object] = {"extension_job": c.extension_job, "nodes": list(c.nodes), "reason": c.reason}
+    params.update({"recovery": True} if c.recovery else {"failed_grow": True})
     action_id = store.journal.record_intent(
         job_id=c.unit_id, kind=ActionKind.CANCEL_EXTENSION, idempotency_key=key, decision_id=decision_id,
-        cycle_id=ctx.cycle_id, nodes=len(c.nodes), gpus=0, fencing=ctx.token,
-        params={"extension_job": c.extension_job, "nodes": list(c.nodes), "reason": c.reason,
-                "failed_grow": True})
+        cycle_id=cycle_id, nodes=len(c.nodes), gpus=0, fencing=token, params=params)
     fault("cancel:after-intent")
-    store.journal.mark_in_progress(action_id, fencing=ctx.token)
+    store.journal.mark_in_progress(action_id, fencing=token)
     return _cancel(slurm, store, action_id, c.extension_job)
 
 

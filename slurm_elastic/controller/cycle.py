@@ -419,13 +419,15 @@ class Controller:
         A locked or full DB, or Slurm failing mid-way, ends this pass with one error line (like a cycle): what
         was done is journaled, the rest is picked up by the next pass."""
         try:
-            if self._hold_lease() is None:
+            token = self._hold_lease()
+            if token is None:
                 return []
             snap = self._snapshot()
             if snap is None:
                 return []
             return reconcile_pass(snap, slurm=self.slurm, store=self.store, older_than=older_than,
-                                  final_states=self.observer.final_states)
+                                  final_states=self.observer.final_states,
+                                  cancel=lambda c: self.actuator.recover_extension(c, token))
         except (StoreError, SlurmError) as e:
             log.error("reconcile pass stopped, retried at the next one: %s", e)
             return []

@@ -4,17 +4,23 @@ Resolve dangling grow intents by looking for their idempotency key in Slurm (fou
 never resubmitted blindly), finish dangling extension cancels (controller/cancels.py), cancel extension jobs
 whose leader is gone, and close the store's records of extension jobs Slurm no longer runs. The controller
 (controller/cycle.py) holds the lease and takes the snapshot; :func:`reconcile_pass` does the rest.
+
+Its three recovery cancels (a duplicate of a grow's extension, an orphan, an extension pending on a dead node) are
+Slurm writes like any other: each goes through ``cancel``, the actuator's journaled ``cancel_extension`` (reasons
+DUPLICATE_EXTENSION, ORPHAN_EXTENSION, PENDING_ON_DEAD_NODE), so a crash between its intent and its scancel is
+finished by the next pass, and a repeated pass neither cancels twice nor opens a second row (one key per job).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 from slurm_elastic.controller.cancels import resolve_cancel
 from slurm_elastic.controller.extension import orphaned_extensions, parse_tag
 from slurm_elastic.controller.ports import ControllerStore, SlurmControl
+from slurm_elastic.controller.rulings import CancelExtension
 from slurm_elastic.policy.capacity import is_resumable_node
 from slurm_elastic.slurm.adapter import FinalStateReader
 from slurm_elastic.slurm.errors import SlurmError
@@ -56,19 +62,12 @@ def is_known_key(store: ControllerStore, parent: int, key: str) -> bool:
     return rec is not None and rec.job_id == parent and rec.kind == ActionKind.GROW
 
 
-def cancel_extension(slurm: SlurmControl, store: ControllerStore, job_id: int, what: str) -> bool:
-    """scancel an extension job and close its record; a refusal is logged and retried next pass."""
-    try:
-        slurm.cancel(job_id)
-    except SlurmError as e:
-        log.warning("cannot cancel %s %d: %s", what, job_id, e)
-        return False
-    store.jobs.update_extension(job_id, state="CANCELLED", ended=True)
-    return True
+#: The actuator's journaled cancel (Actuator.recover_extension under the pass's lease): returns its outcome.
+Cancel = Callable[[CancelExtension], str]
 
 
 def reconcile_pass(snap: ClusterSnapshot, *, slurm: SlurmControl, store: ControllerStore, older_than: timedelta,
-                   final_states: FinalStates) -> list[str]:
+                   final_states: FinalStates, cancel: Cancel) -> list[str]:
     """One pass on a fresh snapshot, under the lease. Returns what it did."""
     done: list[str] = []
     by_key: dict[str, list[Job]] = {}
@@ -87,8 +86,9 @@ def reconcile_pass(snap: ClusterSnapshot, *, slurm: SlurmControl, store: Control
             ext = min(found, key=lambda j: j.job_id)
             for dup in found:
                 if dup.job_id != ext.job_id and dup.state in ACTIVE:  # never keep two for one key
-                    slurm.cancel(dup.job_id)
-                    done.append(f"cancelled duplicate extension {dup.job_id}")
+                    outcome = cancel(CancelExtension(action.job_id, dup.job_id, "DUPLICATE_EXTENSION", dup.nodes,
+                                                     recovery=True))
+                    done.append(f"duplicate extension {dup.job_id} of action {action.id}: {outcome}")
             if action.state == ActionState.INTENT:
                 store.journal.mark_in_progress(action.id)
             store.jobs.record_extension(job_id=ext.job_id, parent_job_id=action.job_id,
@@ -108,8 +108,9 @@ def reconcile_pass(snap: ClusterSnapshot, *, slurm: SlurmControl, store: Control
             # Only the leader's owner's jobs are its extensions: a copied key on someone else's job is not
             # ours to cancel.
             continue
-        if cancel_extension(slurm, store, orphan.job_id, "orphan extension"):
-            done.append(f"cancelled orphan extension {orphan.job_id}")
+        outcome = cancel(CancelExtension(leader_rec.job_id, orphan.job_id, "ORPHAN_EXTENSION", orphan.nodes,
+                                         recovery=True))
+        done.append(f"orphan extension {orphan.job_id} of job {leader_rec.job_id}: {outcome}")
     active = list(store.jobs.extensions(active_only=True))
     final = final_states.read(slurm, [rec.job_id for rec in active if snap.job(rec.job_id) is None])
     for rec in active:
@@ -122,9 +123,10 @@ def reconcile_pass(snap: ClusterSnapshot, *, slurm: SlurmControl, store: Control
         elif job.is_pending and (dead := unusable_nodes(snap, rec.nodelist)):
             # Pinned (--nodelist) to a node that died before it started: it would pend forever and hold
             # the job's growth; cancel it so a later cycle can grow onto a live node (docs/reliability.md).
-            if cancel_extension(slurm, store, rec.job_id, "extension pending on dead node(s)"):
-                done.append(f"cancelled extension {rec.job_id} of job {rec.parent_job_id}: pending on "
-                            f"unusable node(s) {dead}")
+            outcome = cancel(CancelExtension(rec.parent_job_id, rec.job_id, "PENDING_ON_DEAD_NODE",
+                                             tuple(n for n in (rec.nodelist or "").split(",") if n), recovery=True))
+            done.append(f"extension {rec.job_id} of job {rec.parent_job_id} pending on unusable node(s) {dead}: "
+                        f"{outcome}")
         elif job.state != rec.state:
             store.jobs.update_extension(rec.job_id, state=job.state, nodelist=",".join(job.nodes))
     for line in done:

@@ -22,12 +22,17 @@ LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING"})
 
 @dataclass(frozen=True)
 class CancelExtension:
-    """End extension job ``extension_job`` of ``unit_id``: a grow that failed before it joined (``reason``)."""
+    """End extension job ``extension_job`` of ``unit_id``: a grow that failed before it joined (``reason``), or
+    one of reconcile's recoveries (``recovery``: a duplicate, an orphan, an extension pending on a dead node)."""
 
     unit_id: int
     extension_job: int
-    reason: str  # the decision's reason code: RESUME_FAILED, PREWARM_FAILED
+    # the decision's reason code (RESUME_FAILED, PREWARM_FAILED), or the recovery's (controller/reconcile.py):
+    # DUPLICATE_EXTENSION, ORPHAN_EXTENSION, PENDING_ON_DEAD_NODE
+    reason: str
     nodes: tuple[str, ...] = ()  # the extension's nodes, for the journal
+    recovery: bool = False  # reconcile's, with no decision: it changes no running unit's size either
+
 
 
 @dataclass(frozen=True)

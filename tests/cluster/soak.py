@@ -68,6 +68,14 @@ def _rss_kib(pid: int) -> int | None:
     return None
 
 
+def _lost_steps(cluster: TestCluster, leaders: list[int]) -> list[str]:
+    """The leaders' workload steps (``<leader>.0``, the srun of the batch script) that are not running: a leader
+    that lost its workload while the soak ran (its batch script then sleeps, so the job itself stays RUNNING)."""
+    cp = cluster.run(["sacct", "-n", "-P", "-j", ",".join(map(str, leaders)), "-o", "JobID,State"], check=True)
+    steps = dict(line.split("|")[:2] for line in cp.stdout.splitlines() if line.strip())
+    return [f"{j}.0 {steps.get(f'{j}.0', 'missing')}" for j in leaders if steps.get(f"{j}.0") != "RUNNING"]
+
+
 def _sacct_extensions(cluster: TestCluster, leaders: list[int]) -> dict[int, tuple[int, str]]:
     """Every extension job of ``leaders`` Slurm's accounting holds: job id -> (its leader, its state)."""
     names = ",".join(f"elastic-ext-{j}" for j in leaders)
@@ -202,15 +210,19 @@ def run_soak(net: NetnsAgents, net_cluster: TestCluster, tmp_path: Path) -> None
         leaders[job] = util_file
     ctld_log = cluster.root / "log" / "slurmctld.log"
     log_from, since = ctld_log.stat().st_size, datetime.now(UTC)
+    slurmd_from = {n: _size(cluster.root / "log" / f"slurmd-{n}.log") for n in cluster.nodes}
     faults = _inject(net, cluster, cfg, prefix, leaders, tmp_path / "state.db")
     fin = _settle(cluster, cfg, prefix, leaders)
     in_sacct = _sacct_extensions(cluster, list(leaders))
+    lost_steps = _lost_steps(cluster, list(leaders))
     until = datetime.now(UTC)
     with open(ctld_log, errors="replace") as log:
         log.seek(log_from)
         writes = slurm_writes(log, since, until)
     cluster.cancel(*leaders)
     _keep(tmp_path, ctld_log, log_from, fin)
+    for node, start in slurmd_from.items():  # the nodes' logs too: what killed a step shows there
+        _copy_tail(cluster.root / "log" / f"slurmd-{node}.log", start, tmp_path / f"slurmd-{node}-soak.log")
     # Slurm writes with no journal entry: every job write slurmctld logged in the soak against the journal.
     lost = unjournaled(writes, fin.actions, leaders, {j: p for j, (p, _) in in_sacct.items()},
                        {j: e.idempotency_key for j, e in fin.ext_records.items() if e.idempotency_key})
@@ -243,23 +255,34 @@ def run_soak(net: NetnsAgents, net_cluster: TestCluster, tmp_path: Path) -> None
           f"{resizes / (faults.wall_s / 60):.1f} resizes/min; {len(fin.ext_records)} extensions journaled, "
           f"{len(in_sacct)} in sacct; slurmctld logged {len(writes)} job writes {count_by_rpc(writes)}: "
           f"{len(lost)} with no journal entry; orphans {len(orphans)}, duplicates {len(duplicates)}, open intents "
-          f"{len(open_intents)}, untracked {untracked}, unaccounted {unaccounted}, size mismatches {mismatched}; "
-          f"{rss_text}; {db_text}; tracebacks {fin.tracebacks}")
+          f"{len(open_intents)}, untracked {untracked}, unaccounted {unaccounted}, size mismatches {mismatched}, "
+          f"lost workload steps {lost_steps}; {rss_text}; {db_text}; tracebacks {fin.tracebacks}")
     for w in lost[:20]:
         print(f"  no journal entry: {w.line}")
-    assert (orphans, duplicates, open_intents, lost, untracked, unaccounted, mismatched) == ([],) * 7, (
+    assert (orphans, duplicates, open_intents, lost, untracked, unaccounted, mismatched, lost_steps) == ([],) * 8, (
         f"orphans {orphans}, duplicates {duplicates}, open intents {open_intents}, writes with no journal entry "
-        f"{[w.line for w in lost]}, untracked {untracked}, unaccounted {unaccounted}, size mismatches {mismatched}")
+        f"{[w.line for w in lost]}, untracked {untracked}, unaccounted {unaccounted}, size mismatches {mismatched}, "
+        f"lost workload steps {lost_steps}")
     assert resizes >= max(2, RESIZES) and faults.events["kill"] >= 2 and writes
     assert fin.tracebacks == 0
     assert not rss_ratio > 1.25, f"controller RSS grew x{rss_ratio:.2f} between the first and last third"
 
 
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _copy_tail(src: Path, start: int, dest: Path) -> None:
+    """``src`` from byte ``start`` on (what was logged during the soak) into ``dest``."""
+    if src.exists():
+        with open(src, "rb") as log:
+            log.seek(start)
+            dest.write_bytes(log.read())
+
+
 def _keep(out: Path, ctld_log: Path, log_from: int, fin: Final) -> None:
     """The soak's slurmctld log and journal beside its DB, to read a failure from (and record from a run)."""
-    with open(ctld_log, "rb") as log:
-        log.seek(log_from)
-        (out / "slurmctld-soak.log").write_bytes(log.read())
+    _copy_tail(ctld_log, log_from, out / "slurmctld-soak.log")
     rows = {"actions": [{**asdict(a), "kind": str(a.kind), "state": str(a.state)} for a in fin.actions],
             "extensions": [asdict(e) for e in fin.ext_records.values()]}
     (out / "journal.json").write_text(json.dumps(rows, default=str, indent=1))

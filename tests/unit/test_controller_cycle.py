@@ -190,6 +190,10 @@ def test_reconcile_resolves_dangling_grows_by_their_key() -> None:
     assert len(r.world.reconciled[0]) == 2
     # the leader ended: its extension is an orphan and is cancelled -- but not bob's job with a copied key
     assert [c for c in _slurm_writes(r.runner) if c[0] == "scancel"] == [["scancel", str(ext)]], forged
+    cancel = r.store.journal.find_by_idempotency_key(f"cancel:{ext}")  # journaled like every Slurm write
+    assert cancel is not None and (cancel.kind, cancel.state, cancel.job_id) == (
+        ActionKind.CANCEL_EXTENSION, ActionState.APPLIED, leader)
+    assert cancel.params["reason"] == "ORPHAN_EXTENSION" and cancel.params["recovery"] is True
 
 
 def test_grow_backs_off_after_extensions_die_on_their_own() -> None:

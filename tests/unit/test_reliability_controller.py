@@ -134,7 +134,12 @@ def test_extension_pending_on_a_dead_node_is_cancelled_and_the_job_grows_elsewhe
     first = exts[0]
     assert first.nodelist == node and first.ended_at is not None and first.state == "CANCELLED"
     assert ["scancel", str(first.job_id)] in r.runner.calls
-    assert any(f"cancelled extension {first.job_id}" in line and node in line for line in r.world.reconciled[0])
+    assert any(f"extension job {first.job_id} cancelled" in line and node in line for line in r.world.reconciled[0])
+    # journaled like every Slurm write: one applied cancel_extension naming the recovery
+    cancel = r.store.journal.find_by_idempotency_key(f"cancel:{first.job_id}")
+    assert cancel is not None and (cancel.kind, cancel.state, cancel.job_id) == (
+        ActionKind.CANCEL_EXTENSION, ActionState.APPLIED, busy)
+    assert cancel.params["reason"] == "PENDING_ON_DEAD_NODE" and cancel.params["nodes"] == [node]
     submits = [dict(a.split("=", 1) for a in c if a.startswith("--") and "=" in a) for c in r.runner.ran("runuser")]
     assert submits[0]["--nodelist"] == node
     later = submits[1:]

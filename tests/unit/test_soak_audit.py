@@ -77,15 +77,36 @@ def test_a_write_on_a_job_that_is_neither_leader_nor_extension_is_unjournaled(re
     assert unjournaled([*writes, stray], actions, leaders, parents, keys) == [stray]
 
 
+def _recovery(gone: ActionRecord, ext: int, cancel: SlurmWrite, named: int) -> ActionRecord:
+    """A reconcile recovery's cancel row (controller/cancels.py's params) around ``cancel``, naming ``named``."""
+    return replace(gone, id=10**6, kind=ActionKind.CANCEL_EXTENSION, idempotency_key=f"cancel:{named}",
+                   params={"extension_job": named, "nodes": [], "reason": "ORPHAN_EXTENSION", "recovery": True},
+                   created_at=cancel.at - timedelta(seconds=1), finished_at=cancel.at + timedelta(seconds=1))
+
+
 def test_a_cancel_extension_row_covers_the_cancel_it_journaled(recorded: Any) -> None:
     writes, actions, leaders, parents, keys = recorded
     gone = next(a for a in actions if a.kind == ActionKind.SHRINK and a.params.get("cancel_extensions"))
     ext = int(gone.params["cancel_extensions"][0])
     cancel = next(w for w in writes if w.rpc == "kill" and w.job_id == ext and w.at >= gone.created_at)
-    row = replace(gone, id=10**6, kind=ActionKind.CANCEL_EXTENSION, params={"job_id": ext},
-                  created_at=cancel.at - timedelta(seconds=1), finished_at=cancel.at + timedelta(seconds=1))
-    lost = unjournaled(writes, [*(a for a in actions if a.id != gone.id), row], leaders, parents, keys)
+    others = [a for a in actions if a.id != gone.id]
+    lost = unjournaled(writes, [*others, _recovery(gone, ext, cancel, ext)], leaders, parents, keys)
     assert [(w.rpc, w.job_id) for w in lost] == [("kill", gone.job_id)]  # the leader's grace signal stays lost
+    # a cancel row of the same leader that names another extension covers nothing of this one
+    lost = unjournaled(writes, [*others, _recovery(gone, ext, cancel, ext + 10**6)], leaders, parents, keys)
+    assert {(w.rpc, w.job_id) for w in lost} == {("kill", gone.job_id), ("kill", ext)}
+
+
+def test_a_cancel_of_an_extension_while_its_grow_is_open_is_unjournaled_without_its_own_row(recorded: Any) -> None:
+    """Reconcile's cancel of a duplicate happens while the grow that made it is still open; the grow's row does not
+    cover it: only the cancel's own row does (controller/reconcile.py)."""
+    writes, actions, leaders, parents, keys = recorded
+    grow = next(a for a in actions if a.kind == ActionKind.GROW and a.finished_at is not None)
+    ext = next(j for j, k in keys.items() if k == grow.idempotency_key)
+    dup = SlurmWrite(grow.created_at + (grow.finished_at - grow.created_at) / 2, "kill", ext,
+                     f"_slurm_rpc_kill_job: REQUEST_KILL_JOB JobId={ext} uid 0")
+    assert unjournaled([*writes, dup], actions, leaders, parents, keys) == [dup]
+    assert unjournaled([*writes, dup], [*actions, _recovery(grow, ext, dup, ext)], leaders, parents, keys) == []
 
 
 def test_only_job_writes_inside_the_window_count() -> None:
