@@ -49,7 +49,7 @@ class Molds:
         """The units, a molded one with its request as ``molded_request`` and as its max (unless ``--max-nodes``
         says otherwise: then only ``molded_request``, the size it grows back to first, policy/regrow.py); a molded
         unit seen running for the first time has its mold's added minutes counted (``known``: the records of
-        the jobs seen before this cycle)."""
+        the jobs seen before this cycle), in this cycle's units already (MOLDED_REGROW may grow it back at once)."""
         live = {u.unit_id for u in built.units}
         for gone in [j for j in self._requests if j not in live]:
             del self._requests[gone]
@@ -60,7 +60,10 @@ class Molds:
             self._requests[u.unit_id] = self._molded_request(found.get(mold_key(u.unit_id)), u.unit_id,
                                                              first_seen=u.unit_id not in seen)
         units: list[ElasticUnit] = []
-        for u in built.units:
+        for seen_unit in built.units:
+            u = seen_unit
+            if u.unit_id in self._uncounted:  # stored after this cycle: a grow back now gives the minutes back too
+                u = replace(u, time_limit_added_s=u.time_limit_added_s + 60 * self._uncounted[u.unit_id])
             request = self._requests[u.unit_id]
             if request is None:
                 units.append(u)

@@ -8,8 +8,12 @@ from dataclasses import replace
 
 import pytest
 
+from slurm_elastic.controller.actuator import mold_key
+from slurm_elastic.controller.molds import Molds
+from slurm_elastic.controller.units import UnitsResult
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
 from tests.unit import resize_scenarios  # noqa: F401 - registers the scenarios replayed here
+from tests.unit.policy_builders import job, unit
 from tests.unit.slurm_replay import SCENARIOS, STEP_S, Replayed, replay
 from tests.unit.storehelpers import FakeClock, memory_store
 from tests.unit.test_controller_cycle import T0, Agents
@@ -109,3 +113,19 @@ def test_a_policy_that_does_not_name_it_gets_the_packaged_default_on() -> None:
     assert "moldable_start" not in SCENARIOS["mold_default_dry_run"].policy_text
     r = replay("mold_default_dry_run", Agents)
     assert r.store.decisions.list_decisions(DecisionFilter(job_id=r.rec.jobs["waiting"], reason="MOLDABLE_START"))
+
+
+def test_a_molded_unit_seen_running_for_the_first_time_carries_its_added_minutes_in_that_cycle() -> None:
+    """The mold's added minutes reach the store after the cycle that first sees the job running; MOLDED_REGROW
+    may grow it back in that very cycle (no metrics window), so the unit of that cycle carries them already,
+    or the grow would give none of them back (seen on the cluster: a molded job back at 4 nodes kept its
+    doubled time limit)."""
+    store = memory_store(FakeClock(T0))
+    action = store.journal.record_intent(job_id=100, kind=ActionKind.MOLD, idempotency_key=mold_key(100),
+                                         params={"from": 4, "to": 2, "time_limit_add_min": 60})
+    store.journal.mark_in_progress(action)
+    store.journal.mark_applied(action)
+    built = UnitsResult(units=(unit(job(100, nodes=("n1", "n2"))),), sources={}, not_elastic={})
+    molds = Molds(store, None, {})  # type: ignore[arg-type]  # apply() reads the journal only
+    (first,) = molds.apply(built, known=[]).units
+    assert first.time_limit_added_s == 3600 and first.molded_request == 4
