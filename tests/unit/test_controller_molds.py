@@ -13,7 +13,8 @@ from slurm_elastic.controller.molds import Molds
 from slurm_elastic.controller.units import UnitsResult
 from slurm_elastic.store.records import ActionKind, ActionState, DecisionFilter
 from tests.unit import resize_scenarios  # noqa: F401 - registers the scenarios replayed here
-from tests.unit.policy_builders import job, unit
+from tests.unit.policy_builders import job as make_job
+from tests.unit.policy_builders import unit
 from tests.unit.slurm_replay import SCENARIOS, STEP_S, Replayed, replay
 from tests.unit.storehelpers import FakeClock, memory_store
 from tests.unit.test_controller_cycle import T0, Agents
@@ -125,7 +126,7 @@ def test_a_molded_unit_seen_running_for_the_first_time_carries_its_added_minutes
                                          params={"from": 4, "to": 2, "time_limit_add_min": 60})
     store.journal.mark_in_progress(action)
     store.journal.mark_applied(action)
-    built = UnitsResult(units=(unit(job(100, nodes=("n1", "n2"))),), sources={}, not_elastic={})
+    built = UnitsResult(units=(unit(make_job(100, nodes=("n1", "n2"))),), sources={}, not_elastic={})
     molds = Molds(store, None, {})  # type: ignore[arg-type]  # apply() reads the journal only
     (first,) = molds.apply(built, known=[]).units
     assert first.time_limit_added_s == 3600 and first.molded_request == 4
