@@ -267,8 +267,18 @@ reclaim_reserve = true
 
 
 def _measured(ctl: ControllerProcess, jobs: list[int]) -> bool:
-    """Each job's latest decision rests on a full window of samples. A decision carries rho before that (from the
-    time limit), but the plan takes victims only among measured units: an arrival submitted while two of three
-    were still filling their windows stripped the third of two nodes (a CI run on 24.11)."""
-    latest = [ctl.decisions(j) for j in jobs]
-    return all(ds and ds[-1].reason != "WINDOW_NOT_FILLED" and "rho" in ds[-1].inputs for ds in latest)
+    """Each job measured over a full window of its steady workload: a decision carries rho before any window
+    (from the time limit), and the first full window still holds the samples from before srun started the
+    workload (0%), which value that job's nodes low: an arrival submitted then stripped one job of two nodes (a CI
+    run on 24.11, the arrival one cycle after the controller started). So: a window filled, then a window more
+    (the jobs' 10 s window; holds are stored by change, so by time, not by counting rows), the latest measured."""
+    now = datetime.now(UTC)
+    for j in jobs:
+        ds = ctl.decisions(j)
+        filled = [d.time for d in ds if d.reason != "WINDOW_NOT_FILLED"]
+        if not filled or ds[-1].reason == "WINDOW_NOT_FILLED":
+            return False
+        first = filled[0] if filled[0].tzinfo else filled[0].replace(tzinfo=UTC)
+        if (now - first).total_seconds() < 12:
+            return False
+    return True
