@@ -161,7 +161,7 @@ def test_grow_onto_a_powered_down_node_and_it_suspends_again(agents: Agents, cle
         resumed_s = time.monotonic() - t0
         ext = next(e.job_id for e in _extensions(cluster, job) if "n6" in e.nodes)
         # The extension's workers on the resumed n6 run at 95%, and n6's agent says so
-        on_n6 = wait_for("n6's agent reporting the extension at 95%", lambda: _busy(agents, "n6", ext), 60)
+        on_n6 = wait_for("n6's agent reporting the extension at 95%", lambda: _busy(agents, "n6", ext), 120)
         assert on_n6.gpus_in_use == 2, on_n6
         wait_until("the grow's cold start on record", lambda: any(
             d.reason == "COLD_START" for d in ctl.decisions(job)), 60, ctl)
