@@ -45,7 +45,7 @@ from slurm_elastic.policy.model import ExtensionEnd
 from slurm_elastic.prewarm import Event, parse_event
 from slurm_elastic.slurm.model import ClusterSnapshot
 from slurm_elastic.store.protocols import ControllerStore
-from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, NewDecision
+from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, NewDecision, stored_nodes
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def outcome(rec: ExtensionRecord, events: Iterable[Event], resumed: Mapping[str,
     if len(joined) < need or len(by_event.get("launch", {})) < need or len(by_event.get("ready", {})) < need:
         return PrewarmOutcome("waiting")
     t0 = rec.created_at.timestamp()
-    nodes = [n for n in (rec.nodelist or "").split(",") if n] or list(joined)
+    nodes = list(stored_nodes(rec.nodelist)) or list(joined)
     resume = max((took for n in nodes if (up := resumed.get(n)) is not None
                   for at, took in [up] if at.timestamp() >= t0), default=0.0)
     t1 = t0 + resume
@@ -162,7 +162,7 @@ def decide_prewarms(units: Mapping[int, ElasticUnit], outcomes: Sequence[tuple[E
         b = backoff_with(seen, unit.unit_id, end, now)
         seen.append(end)
         d = failed_decision(unit, rec, o, unit.spec.prewarm_timeout_s, cancelled=cancel, backoff=b)
-        nodes = tuple(n for n in (rec.nodelist or "").split(",") if n)
+        nodes = stored_nodes(rec.nodelist)
         out.append(Ruling(d, CancelExtension(unit.unit_id, rec.job_id, d.reason, nodes) if cancel else None))
     return out
 

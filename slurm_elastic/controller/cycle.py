@@ -71,6 +71,7 @@ from slurm_elastic.store.records import (
     ActionRecord,
     FencingToken,
     NewDecision,
+    stored_nodes,
 )
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,7 @@ class Controller:
         built = with_time_limit_added(built, known)
         built = self.molds.apply(built, known)  # a molded unit's max is its request
         units = {u.unit_id: u for u in built.units}
-        before = {r.job_id: tuple(n for n in (r.nodelist or "").split(",") if n) for r in known if r.job_id in units}
+        before = {r.job_id: stored_nodes(r.nodelist) for r in known if r.job_id in units}
         with gc_paused():  # a row per unit on a first cycle: GC would rescan the snapshot for each batch of them
             self.observer.observe_jobs((*built.units, *built.booting), built.sources, built.not_elastic, snap, known)
         return CycleFacts(snap, built.units, units, before, self._resume_timeout())

@@ -37,7 +37,7 @@ from slurm_elastic.controller.rulings import Ruling
 from slurm_elastic.policy import Action, ElasticUnit, Outcome, Reason, ResizeRecord
 from slurm_elastic.slurm.model import ClusterSnapshot, Node
 from slurm_elastic.store.protocols import ControllerStore
-from slurm_elastic.store.records import ActionKind, DecisionFilter, ExtensionRecord, NewDecision
+from slurm_elastic.store.records import ActionKind, DecisionFilter, ExtensionRecord, NewDecision, stored_nodes
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def find_losses(unit: ElasticUnit, records: Iterable[ExtensionRecord], snap: Clu
             continue
         job = snap.job(rec.job_id)
         state = job.state if job is not None else rec.state
-        recorded = tuple(n for n in (rec.nodelist or "").split(",") if n)
+        recorded = stored_nodes(rec.nodelist)
         nodes = tuple(job.nodes) if job is not None and job.nodes else recorded
         running = job is not None and job.is_running
         if state in SLURM_LOSS_STATES:

@@ -28,7 +28,14 @@ from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job
 from slurm_elastic.store.errors import StoreError
 from slurm_elastic.store.protocols import ActuatorStore
-from slurm_elastic.store.records import ActionKind, ActionRecord, ActionState, ElasticJobRecord, NewDecision
+from slurm_elastic.store.records import (
+    ActionKind,
+    ActionRecord,
+    ActionState,
+    ElasticJobRecord,
+    NewDecision,
+    stored_nodes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +149,6 @@ class Molds:
                 log.error("molding job %s failed: %s", c.display_id, e)
         return acted
 
-
     def _note_shares(self, decided: Sequence[Decision], waiting: set[int]) -> None:
         """Remember each waiting job's share in the round plan (``admit_share`` of the shrinks that admit it), for
         its mold decision (``explain``); forget the jobs no longer waiting."""
@@ -162,7 +168,7 @@ def _pending_extension_nodes(store: ActuatorStore, snap: ClusterSnapshot) -> set
     for rec in store.jobs.extensions(active_only=True):
         job = snap.job(rec.job_id)
         if job is not None and job.is_pending:
-            out.update(n for n in (rec.nodelist or "").split(",") if n)
+            out.update(stored_nodes(rec.nodelist))
     return out
 
 

@@ -35,7 +35,7 @@ from slurm_elastic.policy.model import ExtensionEnd
 from slurm_elastic.slurm.model import ClusterSnapshot, Node
 from slurm_elastic.store.agents_sql import is_powered_down
 from slurm_elastic.store.protocols import ControllerStore
-from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, NewDecision
+from slurm_elastic.store.records import DecisionFilter, ExtensionRecord, NewDecision, stored_nodes
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def find_resume_failures(units: Mapping[int, ElasticUnit], records: Iterable[Ext
         if rec.parent_job_id not in units:
             continue
         job = snap.job(rec.job_id)
-        nodes = tuple(n for n in (rec.nodelist or "").split(",") if n)
+        nodes = stored_nodes(rec.nodelist)
         if job is not None and job.nodes:
             nodes = tuple(dict.fromkeys((*nodes, *job.nodes)))
         lost = tuple(n for n in nodes if n in failed)

@@ -25,7 +25,7 @@ from slurm_elastic.policy.capacity import is_resumable_node
 from slurm_elastic.slurm.adapter import FinalStateReader
 from slurm_elastic.slurm.errors import SlurmError
 from slurm_elastic.slurm.model import ClusterSnapshot, Job, Node
-from slurm_elastic.store.records import ActionKind, ActionState
+from slurm_elastic.store.records import ActionKind, ActionState, stored_nodes
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ def reconcile_pass(snap: ClusterSnapshot, *, slurm: SlurmControl, store: Control
             # Pinned (--nodelist) to a node that died before it started: it would pend forever and hold
             # the job's growth; cancel it so a later cycle can grow onto a live node (docs/reliability.md).
             outcome = cancel(CancelExtension(rec.parent_job_id, rec.job_id, "PENDING_ON_DEAD_NODE",
-                                             tuple(n for n in (rec.nodelist or "").split(",") if n), recovery=True))
+                                             stored_nodes(rec.nodelist), recovery=True))
             done.append(f"extension {rec.job_id} of job {rec.parent_job_id} pending on unusable node(s) {dead}: "
                         f"{outcome}")
         elif job.state != rec.state:
@@ -138,7 +138,7 @@ def unusable_nodes(snap: ClusterSnapshot, nodelist: str | None) -> str:
     """The nodes of ``nodelist`` that are gone, down, drained or not responding (comma-separated), or "". A node
     Slurm's power saving resumes for the job (powered down, or powering up) is not: ResumeTimeout decides
     whether it comes back (controller/power.py)."""
-    names = [n for n in (nodelist or "").split(",") if n]
+    names = list(stored_nodes(nodelist))
     return ",".join(n for n in names if (node := snap.node(n)) is None
                     or not (node.is_available or _booting(node)))
 

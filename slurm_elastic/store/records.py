@@ -384,3 +384,8 @@ class PruneResult:
     extensions: int = 0
     cycles: int = 0
     demand: int = 0
+
+
+def stored_nodes(nodelist: str | None) -> tuple[str, ...]:
+    """The node names of a stored ``nodelist`` (comma-separated, as the store writes it; None or empty: none)."""
+    return tuple(n for n in (nodelist or "").split(",") if n)
